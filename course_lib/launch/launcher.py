@@ -1,0 +1,280 @@
+"""launch(): run a function on every rank of a fresh process group, from a notebook."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import cloudpickle
+
+from course_lib.launch import net
+from course_lib.launch.payload import pack
+from course_lib.launch.report import DistributedError, RankFailure, annotate_stack
+from course_lib.launch.run import LogLine, Run
+from course_lib.launch.validate import check_launch_args, choose_backend
+from course_lib.launch.worker import LAUNCH_DIR, WorkerSpec
+from course_lib.launch.workers import Worker, dump_stacks, kill, reap, start_worker
+
+# After one rank fails, the others get this long to report their own errors
+# (a peer's "Connection closed" arrives within milliseconds) before they are stopped.
+FAILURE_GRACE_S = 1.5
+OUTPUT_TAIL_LINES = 8
+
+
+def launch(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    timeout: float = 60,
+    backend: str = "auto",
+    env: dict[str, str] | None = None,
+    *,
+    pg_timeout: float | None = None,
+    echo: bool = True,
+) -> Run:
+    """Run fn(*args, **kwargs) on `world_size` ranks and return their results in a Run.
+
+    Each rank is a fresh process whose default process group is initialised (gloo on CPU,
+    or NCCL with one GPU per rank), with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT set as torchrun sets them. Output appears live, prefixed "[rank N]".
+    Any failure, or `timeout` seconds passing, raises one DistributedError naming every
+    failing rank. `pg_timeout` is the process group's collective timeout (default: 30 s,
+    or less when `timeout` is shorter). `env` may set OMP_NUM_THREADS (default 1).
+    """
+    args, kwargs, env = check_launch_args(fn, world_size, args, kwargs, timeout, env)
+    backend = choose_backend(backend, world_size)
+    payload = pack(fn, args, kwargs)
+    if pg_timeout is None:
+        pg_timeout = max(1.0, min(30.0, timeout - 1.0))
+    with tempfile.TemporaryDirectory(prefix="course_lib-") as tmp:
+        specs = [_spec(r, world_size, backend, pg_timeout, env, tmp) for r in range(world_size)]
+        return _Launch(specs, payload, timeout, echo).run()
+
+
+def _spec(rank: int, world_size: int, backend: str, pg_timeout: float,
+          env: dict[str, str], tmp: str) -> WorkerSpec:
+    torchrun_env = {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
+        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(net.free_loopback_port()),
+        "OMP_NUM_THREADS": "1", **net.loopback_env(), **env,
+    }
+    return WorkerSpec(
+        rank=rank, world_size=world_size, backend=backend, pg_timeout=pg_timeout,
+        threads=int(torchrun_env["OMP_NUM_THREADS"]), env=torchrun_env,
+        store_path=os.path.join(tmp, "store"), stack_path=os.path.join(tmp, f"stack{rank}"),
+    )
+
+
+class _Launch:
+    """One launch: start the ranks, relay their output, watch for failures and hangs."""
+
+    def __init__(self, specs: list[WorkerSpec], payload: bytes, timeout: float, echo: bool):
+        self.specs, self.payload, self.timeout, self.echo = specs, payload, timeout, echo
+        self.workers: list[Worker] = []
+        self.logs: list[LogLine] = []
+        self.timed_out = False
+
+    def run(self) -> Run:
+        start = time.monotonic()
+        alive_r, alive_w = os.pipe()  # workers exit when this kernel's end closes
+        try:
+            alive = Connection(alive_r, writable=False)
+            self.workers = [start_worker(s, self.payload, alive) for s in self.specs]
+            alive.close()
+            self._supervise(start + self.timeout)
+        finally:
+            with _sigint_deferred():
+                self._stop([w for w in self.workers if w.running], "stopped", stacks=False)
+                self._close_pipes()
+                os.close(alive_w)
+        return self._outcome(time.monotonic() - start)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _supervise(self, deadline: float) -> None:
+        with selectors.DefaultSelector() as sel:
+            for w in self.workers:
+                sel.register(w.stdout_fd, selectors.EVENT_READ, (w, "stdout"))
+                sel.register(w.stderr_fd, selectors.EVENT_READ, (w, "stderr"))
+                sel.register(w.messages, selectors.EVENT_READ, (w, "messages"))
+                sel.register(w.process.sentinel, selectors.EVENT_READ, (w, "exit"))
+            while sel.get_map():
+                self._check_deadlines(deadline)
+                for key, _ in sel.select(timeout=0.05):
+                    worker, what = key.data
+                    if not self._handle(worker, what):
+                        sel.unregister(key.fileobj)
+
+    def _check_deadlines(self, deadline: float) -> None:
+        now = time.monotonic()
+        running = [w for w in self.workers if w.running]
+        if running and now >= deadline:
+            self.timed_out = True
+            self._stop(running, "timeout", stacks=True)
+            return
+        failed = [w.event_time for w in self.workers if _failed(w)]
+        if running and failed and now >= min(failed) + FAILURE_GRACE_S:
+            self._stop(running, "stopped", stacks=True)
+
+    def _handle(self, worker: Worker, what: str) -> bool:
+        """Process one ready pipe; return False once it is finished with."""
+        if what == "exit":
+            reap(worker, timeout=0)
+            kill(worker)  # whatever it left in its process group (DataLoader workers)
+            worker.event_time = worker.event_time or time.monotonic()
+            return False
+        if what == "messages":
+            return self._receive(worker)
+        data = os.read(worker.stdout_fd if what == "stdout" else worker.stderr_fd, 65536)
+        self._relay(worker, what, data.decode(errors="replace") if data else None)
+        return bool(data)
+
+    def _receive(self, worker: Worker) -> bool:
+        try:
+            kind, body = worker.messages.recv()
+        except (EOFError, OSError):
+            return False
+        worker.timings[kind] = time.time()
+        if kind == "result":
+            worker.result = body
+        elif kind == "error":
+            worker.error = body
+            worker.event_time = time.monotonic()
+        return True
+
+    def _relay(self, worker: Worker, stream: str, text: str | None) -> None:
+        """Split output into lines, echo each as "[rank N] ...", keep them in the run."""
+        buffered = worker.pending[stream] + (text if text is not None else "\n")
+        *lines, worker.pending[stream] = buffered.split("\n")
+        if text is None and lines and lines[-1] == "":
+            lines.pop()
+        for line in lines:
+            self.logs.append(LogLine(worker.rank, stream, time.time(), line))
+            worker.output.append(line)
+            if self.echo:
+                out = sys.stdout if stream == "stdout" else sys.stderr
+                out.write(f"[rank {worker.rank}] {line}\n")
+                out.flush()
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    def _stop(self, workers: list[Worker], reason: str, stacks: bool) -> None:
+        if not workers:
+            return
+        if stacks:
+            dump_stacks(workers)
+        for w in workers:
+            w.stopped = reason
+            w.event_time = time.monotonic()
+            kill(w)
+        for w in workers:
+            reap(w)
+
+    def _close_pipes(self) -> None:
+        for w in self.workers:
+            for fd in (w.stdout_fd, w.stderr_fd):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            w.messages.close()
+            if w.process.exitcode is not None:
+                w.process.close()
+
+    # -- the outcome --------------------------------------------------------------------------
+
+    def _outcome(self, wall_time: float) -> Run:
+        run = Run(world_size=len(self.specs), backend=self.specs[0].backend,
+                  logs=self.logs, wall_time=wall_time)
+        failures = [f for f in (self._failure(w) for w in self.workers) if f]
+        for w in self.workers:
+            value, extras = (None, {})
+            if w.result is not None and not failures:
+                value, extras = cloudpickle.loads(w.result)
+            run.results.append(value)
+            run.extras.append(extras or (w.error or {}).get("extras", {}))
+            run.timings.append(w.timings)
+        if failures:
+            err = DistributedError(self._headline(failures), failures, self.timed_out)
+            err.run = run
+            raise err
+        return run
+
+    def _failure(self, w: Worker) -> RankFailure | None:
+        tail = w.output[-OUTPUT_TAIL_LINES:]
+        common = dict(rank=w.rank, output_tail=tail, time=w.event_time)
+        stack = annotate_stack(w.stack, LAUNCH_DIR) if w.stack else ""
+        if w.error is not None:
+            return RankFailure(kind="exception", summary=f"{w.error['type']}: {w.error['message']}",
+                               error_type=w.error["type"], message=w.error["message"],
+                               traceback=_traceback_text(w.error), **common)
+        if w.stopped == "timeout":
+            return RankFailure(kind="timeout", summary=f"still running at the {self.timeout:g} s "
+                               "timeout", stack=stack, **common)
+        if w.stopped:
+            return RankFailure(kind="stopped", summary="still running after another rank "
+                               "failed; stopped by the launcher", stack=stack, **common)
+        if w.result is not None:
+            return None  # it returned; a crash while tearing down is not the learner's bug
+        return _exit_failure(w.exitcode, common)
+
+    def _headline(self, failures: list[RankFailure]) -> str:
+        n = len(self.specs)
+        if self.timed_out:
+            hung = [f.rank for f in failures if f.kind == "timeout"]
+            return (f"Timed out after {self.timeout:g} s with rank(s) {_ranks(hung)} still running "
+                    f"(world_size={n}). Each rank's Python stack (all threads) is shown below.")
+        first = sorted(failures, key=lambda f: (f.blame, f.time))[0]
+        return (f"{len(failures)} of {n} rank(s) failed. First failure: rank {first.rank}, "
+                f"{first.summary}")
+
+
+def _failed(w: Worker) -> bool:
+    return w.error is not None or (w.exitcode is not None and w.result is None)
+
+
+def _exit_failure(exitcode: int | None, common: dict) -> RankFailure:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        why = {"SIGKILL": " (killed: out of memory, or someone sent kill -9)",
+               "SIGABRT": " (aborted: a C++ error or os.abort())",
+               "SIGSEGV": " (a segmentation fault in native code)"}.get(name, "")
+        return RankFailure(kind="signal", summary=f"killed by signal {name}{why}",
+                           error_type=name, message=f"killed by signal {name}", **common)
+    return RankFailure(kind="exit", summary=f"exited with code {exitcode} without a result",
+                       error_type="exit", message=f"exit code {exitcode}", **common)
+
+
+def _traceback_text(error: dict) -> str:
+    if error.get("traceback"):
+        try:
+            return "".join(cloudpickle.loads(error["traceback"]).format())
+        except Exception:  # noqa: BLE001 - the exception's class cannot load here
+            pass
+    return error.get("text") or f"{error['type']}: {error['message']}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+@contextmanager
+def _sigint_deferred():
+    """Hold a second Ctrl-C until cleanup is done, so no worker is left behind."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -1,0 +1,28 @@
+"""Keep every rank's sockets on the loopback interface."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+
+def loopback_interface() -> str:
+    """The loopback interface's name: "lo" on Linux, "lo0" on macOS."""
+    names = {name for _, name in socket.if_nameindex()}
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    raise RuntimeError(f"no loopback interface found among {sorted(names)} on {sys.platform}")
+
+
+def loopback_env() -> dict[str, str]:
+    """Environment that binds gloo's and NCCL's sockets to loopback (FACTS.md)."""
+    iface = loopback_interface()
+    return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
+
+
+def free_loopback_port() -> int:
+    """A port free on 127.0.0.1 now; only exported as MASTER_PORT, as torchrun does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,48 @@
+"""Run: what a launch brings back from its ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class LogLine:
+    """One line a rank printed: `stream` is "stdout" or "stderr"; `time` is time.time()."""
+
+    rank: int
+    stream: str
+    time: float
+    text: str
+
+
+@dataclass
+class Run:
+    """The outcome of one launch.
+
+    results: each rank's return value, in rank order.
+    logs: every line every rank printed, in arrival order.
+    timings: per rank, time.time() stamps "started" (process up), "ready" (process group
+    initialised) and "finished" (result received).
+    extras: per rank, data sent back by collectors such as course_lib.telemetry.
+    """
+
+    world_size: int
+    backend: str
+    results: list[Any] = field(default_factory=list)
+    logs: list[LogLine] = field(default_factory=list)
+    timings: list[dict[str, float]] = field(default_factory=list)
+    extras: list[dict[str, Any]] = field(default_factory=list)
+    wall_time: float = 0.0
+
+    def output(self, rank: int | None = None) -> str:
+        """Everything printed (stdout and stderr), by one rank or by all with prefixes."""
+        if rank is not None:
+            return "".join(line.text + "\n" for line in self.logs if line.rank == rank)
+        return "".join(f"[rank {line.rank}] {line.text}\n" for line in self.logs)
+
+    def __repr__(self) -> str:
+        return (
+            f"Run(world_size={self.world_size}, backend={self.backend!r}, "
+            f"wall_time={self.wall_time:.2f}s, results={self.results!r})"
+        )

@@ -1,0 +1,76 @@
+"""Check launch() arguments up front, so bad input fails at once with a clear message."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+BACKENDS = ("auto", "gloo", "nccl")
+MAX_CPU_RANKS = max(16, 2 * (os.cpu_count() or 1))
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT")
+
+
+def check_launch_args(
+    fn: Any, world_size: Any, args: Any, kwargs: Any, timeout: Any, env: Any
+) -> tuple[tuple, dict, dict[str, str]]:
+    """Validate launch() arguments; return args, kwargs and env in their canonical form."""
+    if not callable(fn):
+        raise TypeError(f"launch() needs a function to run on every rank, got {fn!r}.")
+    check_world_size(world_size)
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of positional arguments, got {type(args).__name__}"
+                        f" (for one argument write args=(x,)).")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}.")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    return tuple(args), dict(kwargs or {}), check_env(env)
+
+
+def check_world_size(world_size: Any) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int (the number of ranks), got {world_size!r}.")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}.")
+    if world_size > MAX_CPU_RANKS:
+        raise ValueError(
+            f"world_size={world_size} is more ranks than this machine can run "
+            f"({os.cpu_count()} cores; at most {MAX_CPU_RANKS}). The lessons use 2-4 ranks; "
+            "for more, use torchrun on a cluster (lesson 14)."
+        )
+
+
+def check_env(env: Any) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env must be a dict of environment variables, got {type(env).__name__}.")
+    clean = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"env keys must be variable names (str), got {key!r}.")
+        if key in LAUNCHER_VARS:
+            raise ValueError(f"env sets {key}, which the launcher sets for every rank itself.")
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise TypeError(f"env[{key!r}] must be a str or a number, got {value!r}.")
+        clean[key] = str(value)
+    return clean
+
+
+def choose_backend(backend: Any, world_size: int) -> str:
+    """Resolve "auto": NCCL with one GPU per rank when there are enough GPUs, else gloo."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}.")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world_size else "gloo"
+    if backend == "nccl" and gpus < world_size:
+        raise ValueError(
+            f"backend='nccl' needs one GPU per rank: {world_size} ranks, {gpus} GPU(s) here. "
+            "Use backend='gloo' (CPU) or backend='auto', which picks gloo when GPUs are short."
+        )
+    return backend

@@ -1,0 +1,187 @@
+"""What runs inside one rank: set up like torchrun, run the learner's function, report back.
+
+The forkserver imports this module (and so torch) once; every worker is forked from it,
+so a launch pays no import cost. Nothing here is called from the notebook's kernel.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import gc
+import os
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any, Callable
+
+import cloudpickle
+import torch
+import torch.distributed as dist
+
+LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
+
+# name -> function returning plain picklable data, sent back with the rank's result.
+# course_lib.telemetry registers itself here; nothing registered costs nothing.
+_collectors: dict[str, Callable[[], Any]] = {}
+
+
+def register_collector(name: str, collect: Callable[[], Any]) -> None:
+    """Send `collect()` back to the kernel with every rank's result (see Run.extras)."""
+    _collectors[name] = collect
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything one rank needs to know before it starts."""
+
+    rank: int
+    world_size: int
+    backend: str
+    pg_timeout: float
+    threads: int
+    env: dict[str, str]
+    store_path: str
+    stack_path: str
+
+
+def run_worker(
+    spec: WorkerSpec,
+    payload: bytes,
+    messages: Connection,
+    stdout_w: Connection,
+    stderr_w: Connection,
+    alive_r: Connection,
+) -> None:
+    """Entry point of a worker process; never returns (ends with os._exit)."""
+    gc.freeze()  # torch's objects from the forkserver: gc.collect() skips them (0.1 s -> ms)
+    os.setpgrp()  # own process group: the kernel kills us with our DataLoader children
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts
+    _redirect_output(stdout_w, stderr_w)
+    _exit_when_kernel_dies(alive_r)
+    stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - must outlive this frame
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    os.environ.update(spec.env)
+    torch.set_num_threads(spec.threads)
+    messages.send(("started", os.getpid()))
+    code = _run(spec, payload, messages)
+    _release_distributed()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _run(spec: WorkerSpec, payload: bytes, messages: Connection) -> int:
+    """Run the function; send ("result", bytes) or ("error", dict). Return the exit code."""
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+        _init_process_group(spec)
+        messages.send(("ready", None))
+        value = fn(*args, **kwargs)
+    except SystemExit as exc:
+        if exc.code in (None, 0):
+            value = None
+        else:
+            _send_error(messages, exc)
+            return exc.code if isinstance(exc.code, int) else 1
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported, never lost
+        _send_error(messages, exc)
+        return 1
+    return _send_result(messages, value)
+
+
+def _send_result(messages: Connection, value: Any) -> int:
+    try:
+        data = cloudpickle.dumps((value, _collect_extras()))
+    except Exception as exc:  # noqa: BLE001
+        err = TypeError(
+            f"the function returned a {type(value).__name__} that cannot be sent back to "
+            f"the notebook ({exc}). Return plain data instead: numbers, lists, dicts, "
+            "tensors (detached, on the CPU) or a model's state_dict()."
+        )
+        _send_error(messages, err.with_traceback(None))
+        return 1
+    messages.send(("result", data))
+    return 0
+
+
+def _collect_extras() -> dict[str, Any]:
+    return {name: collect() for name, collect in _collectors.items()}
+
+
+def _send_error(messages: Connection, exc: BaseException) -> None:
+    """Describe the exception for the kernel; the traceback is formatted there, with source."""
+    tbe = traceback.TracebackException.from_exception(exc, lookup_lines=False)
+    tbe.stack = traceback.StackSummary.from_list(
+        [f for f in tbe.stack if not f.filename.startswith(LAUNCH_DIR)]
+    )
+    info = {"type": type(exc).__name__, "message": str(exc), "traceback": None}
+    try:
+        info["traceback"] = cloudpickle.dumps(tbe)
+    except Exception:  # noqa: BLE001 - an odd exception class: fall back to text
+        info["text"] = "".join(tbe.format())
+    try:
+        info["extras"] = _collect_extras()
+    except Exception:  # noqa: BLE001
+        info["extras"] = {}
+    messages.send(("error", info))
+    del tbe
+    traceback.clear_frames(exc.__traceback__)  # frames may hold DDP objects
+
+
+def _init_process_group(spec: WorkerSpec) -> None:
+    if spec.backend == "nccl":
+        torch.cuda.set_device(spec.rank)
+    store = dist.FileStore(spec.store_path, spec.world_size)
+    dist.init_process_group(
+        spec.backend,
+        store=store,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.pg_timeout),
+    )
+
+
+def _release_distributed() -> None:
+    """Free DDP objects (held in reference cycles) before the process group goes.
+
+    Without this, gloo aborts at exit on a random rank in about 1 run in 5 (FACTS.md).
+    A watchdog ends the process if tearing down hangs on a broken group.
+    """
+    timer = threading.Timer(3.0, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
+    try:
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+    except Exception:  # noqa: BLE001, S110 - the rank's outcome is already reported
+        pass
+    timer.cancel()
+
+
+def _redirect_output(stdout_w: Connection, stderr_w: Connection) -> None:
+    """Point fds 1 and 2 (Python and C++ output alike) at the kernel's pipes."""
+    os.dup2(stdout_w.fileno(), 1)
+    os.dup2(stderr_w.fileno(), 2)
+    stdout_w.close()
+    stderr_w.close()
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
+
+
+def _exit_when_kernel_dies(alive_r: Connection) -> None:
+    """Kill this rank and its children when the kernel's end of the pipe closes."""
+
+    def watch() -> None:
+        try:
+            alive_r.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="course_lib-kernel-watch", daemon=True).start()

@@ -1,0 +1,155 @@
+"""Start worker processes from a forkserver with torch preloaded, and stop them for sure.
+
+Never plain fork from the kernel: a child of a process that already ran a parallel op can
+hang forever (FACTS.md). The forkserver is a clean process that imported torch and nothing
+else ran in it, so forking from it is safe and costs no import time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from multiprocessing import context, popen_forkserver, spawn
+from multiprocessing.connection import Connection
+from typing import Any
+
+from course_lib.launch.worker import WorkerSpec, run_worker
+
+_context: Any = None
+
+
+def forkserver_context() -> Any:
+    """The multiprocessing context whose forkserver preloads torch (started on first use)."""
+    global _context
+    if _context is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["course_lib.launch.worker"])
+        _context = ctx
+    return _context
+
+
+class _Popen(popen_forkserver.Popen):
+    """Start a forkserver child without re-importing the kernel's __main__.
+
+    multiprocessing re-runs the parent's main module in each child (a script, or
+    ipykernel_launcher in Jupyter). Our workers need nothing from it: the function
+    travels by value. Skipping it saves time and never re-runs a learner's script.
+    """
+
+    def _launch(self, process_obj: Any) -> None:
+        original = spawn.get_preparation_data
+
+        def without_main(name: str) -> dict:
+            data = original(name)
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+            return data
+
+        spawn.get_preparation_data = without_main
+        try:
+            super()._launch(process_obj)
+        finally:
+            spawn.get_preparation_data = original
+
+
+class _Process(context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _Popen:  # noqa: N802 - multiprocessing's name
+        return _Popen(process_obj)
+
+
+@dataclass
+class Worker:
+    """The kernel's handle on one rank: its process, pipes and what it reported."""
+
+    spec: WorkerSpec
+    process: Any
+    messages: Connection
+    stdout_fd: int
+    stderr_fd: int
+    pending: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
+    output: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    result: bytes | None = None
+    error: dict | None = None
+    exitcode: int | None = None
+    stopped: str = ""  # "timeout" or "stopped" when the launcher ended it
+    stack: str = ""
+    event_time: float = 0.0  # monotonic time of its failure (error message or exit)
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def running(self) -> bool:
+        return self.exitcode is None
+
+
+def start_worker(spec: WorkerSpec, payload: bytes, alive_r: Connection) -> Worker:
+    """Start one rank; the kernel keeps only the read ends of its pipes."""
+    ctx = forkserver_context()
+    msg_r, msg_w = ctx.Pipe(duplex=False)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    out_conn, err_conn = Connection(out_w, readable=False), Connection(err_w, readable=False)
+    process = _Process(
+        target=run_worker,
+        args=(spec, payload, msg_w, out_conn, err_conn, alive_r),
+        name=f"course_lib-rank{spec.rank}",
+    )
+    try:
+        process.start()
+    finally:
+        for conn in (msg_w, out_conn, err_conn):
+            conn.close()
+    return Worker(spec, process, msg_r, out_r, err_r)
+
+
+def kill(worker: Worker) -> None:
+    """SIGKILL the rank and everything in its process group (DataLoader workers too)."""
+    pid = worker.process.pid
+    if pid is None:
+        return
+    for send in (os.killpg, os.kill):  # the group exists once the worker ran setpgrp()
+        try:
+            send(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def reap(worker: Worker, timeout: float = 3.0) -> None:
+    """Wait for a killed worker and record its exit code."""
+    worker.process.join(timeout)
+    worker.exitcode = worker.process.exitcode
+
+
+def dump_stacks(workers: list[Worker], wait: float = 1.0) -> None:
+    """Ask running ranks for their Python stacks (faulthandler on SIGUSR1) and keep them."""
+    sizes = {}
+    for w in workers:
+        sizes[w.rank] = _size(w.spec.stack_path)
+        try:
+            os.kill(w.process.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if all(_size(w.spec.stack_path) > sizes[w.rank] for w in workers):
+            time.sleep(0.05)  # let the last thread's lines land
+            break
+    for w in workers:
+        with open(w.spec.stack_path, errors="replace") as f:
+            f.seek(sizes[w.rank])
+            w.stack = f.read()
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,1 @@
+"""Teaching helpers: small models and data, devices, and recording observed symptoms."""
