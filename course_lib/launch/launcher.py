@@ -214,9 +214,12 @@ class _Launch:
         common = dict(rank=w.rank, output_tail=tail, time=w.event_time)
         stack = annotate_stack(w.stack, LAUNCH_DIR) if w.stack else ""
         if w.error is not None:
-            return RankFailure(kind="exception", summary=f"{w.error['type']}: {w.error['message']}",
-                               error_type=w.error["type"], message=w.error["message"],
-                               traceback=_traceback_text(w.error), **common)
+            kind, summary = "exception", f"{w.error['type']}: {w.error['message']}"
+            if w.error["type"] == "SystemExit":
+                kind, summary = "exit", f"called sys.exit({w.error['message']}): exit code {w.exitcode}"
+            return RankFailure(kind=kind, summary=summary, error_type=w.error["type"],
+                               message=w.error["message"], traceback=_traceback_text(w.error),
+                               **common)
         if w.stopped == "timeout":
             return RankFailure(kind="timeout", summary=f"still running at the {self.timeout:g} s "
                                "timeout", stack=stack, **common)

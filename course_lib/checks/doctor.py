@@ -1,0 +1,139 @@
+"""The environment doctor: can this machine run the course? A pass/warn/fail table."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_python() -> Check:
+    ok = sys.version_info >= (3, 10)
+    return Check("Python", PASS if ok else FAIL,
+                 f"{platform.python_version()} ({sys.executable})" + ("" if ok else "; need 3.10+"))
+
+
+def check_packages() -> list[Check]:
+    checks = []
+    for package, needed in (("torch", True), ("jupyterlab", True), ("ipywidgets", True),
+                            ("matplotlib", True), ("cloudpickle", True), ("nbmake", False)):
+        version = _version(package)
+        status = PASS if version else (FAIL if needed else WARN)
+        checks.append(Check(package, status, version or "not installed: run the README's "
+                                                         "set-up command"))
+    return checks
+
+
+def check_cores() -> Check:
+    cores = os.cpu_count() or 1
+    return Check("CPU cores", PASS if cores >= 2 else WARN,
+                 f"{cores}" + ("" if cores >= 2 else "; ranks will share one core (slow but works)"))
+
+
+def check_gpus() -> Check:
+    import torch
+    import torch.distributed as dist
+
+    if not torch.cuda.is_available():
+        return Check("GPUs", PASS, "none: lessons run on CPU with gloo (as designed)")
+    names = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    nccl = "NCCL available" if dist.is_nccl_available() else "NCCL missing: gloo only"
+    return Check("GPUs", PASS, f"{torch.cuda.device_count()}: {names}; {nccl}")
+
+
+def check_backends() -> Check:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        return Check("backends", FAIL, "torch.distributed or gloo missing from this torch build")
+    found = [b for b in ("gloo", "nccl", "mpi") if getattr(dist, f"is_{b}_available")()]
+    return Check("backends", PASS, ", ".join(found))
+
+
+def check_loopback() -> Check:
+    from course_lib.launch.net import loopback_interface
+
+    try:
+        return Check("loopback interface", PASS, loopback_interface())
+    except RuntimeError as exc:
+        return Check("loopback interface", FAIL, str(exc))
+
+
+def _smoke() -> dict:
+    """Runs on each rank: one all-reduce, then report the sockets this rank holds."""
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.launch.sockets import non_loopback, socket_addresses
+
+    t = torch.tensor([dist.get_rank() + 1.0])
+    dist.all_reduce(t)
+    addresses = socket_addresses()
+    return {"sum": t.item(), "sockets": len(addresses), "outside": non_loopback(addresses)}
+
+
+def check_launch() -> list[Check]:
+    from course_lib import DistributedError, launch
+
+    start = time.perf_counter()
+    try:
+        run = launch(_smoke, world_size=2, timeout=30, echo=False)
+    except DistributedError as exc:
+        return [Check("2-rank launch + all-reduce", FAIL, exc.headline)]
+    took = time.perf_counter() - start
+    ok = all(r["sum"] == 3.0 for r in run.results)
+    outside = [a for r in run.results for a in r["outside"]]
+    sockets = sum(r["sockets"] for r in run.results)
+    return [
+        Check("2-rank launch + all-reduce", PASS if ok else FAIL,
+              f"sum of (rank+1) = {run.results[0]['sum']:g} (expected 3) in {took:.2f} s"),
+        Check("listening addresses", FAIL if outside else PASS,
+              f"non-loopback sockets: {outside}" if outside
+              else f"all {sockets} rank sockets on loopback"),
+    ]
+
+
+def run_doctor(checks: list[Callable[[], Check | list[Check]]] | None = None) -> list[Check]:
+    results: list[Check] = []
+    for check in checks or (check_python, check_packages, check_cores, check_gpus,
+                            check_backends, check_loopback, check_launch):
+        out = check()
+        results.extend(out if isinstance(out, list) else [out])
+    return results
+
+
+def format_table(results: list[Check]) -> str:
+    width = max(len(c.name) for c in results)
+    lines = [f"{'check':<{width}}  result  detail", f"{'-' * width}  ------  ------"]
+    lines += [f"{c.name:<{width}}  {c.status:<6}  {c.detail}" for c in results]
+    failed = [c.name for c in results if c.status == FAIL]
+    lines.append("")
+    lines.append(f"FAILED: {', '.join(failed)}" if failed else "All checks passed: ready for "
+                 "the course.")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    results = run_doctor()
+    print(format_table(results))
+    return 1 if any(c.status == FAIL for c in results) else 0

@@ -1,0 +1,30 @@
+"""Run by test_interrupt.py as a separate process: launches that the test interrupts."""
+
+import os
+import sys
+import time
+
+import cloudpickle
+import torch.distributed as dist
+
+from course_lib import launch
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def hang(folder):
+    open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w").write(str(os.getpid()))
+    time.sleep(600)
+
+
+def main(folder, rounds):
+    for i in range(rounds):
+        try:
+            launch(hang, 2, args=(os.path.join(folder, str(i)),), timeout=120, echo=False)
+        except KeyboardInterrupt:
+            print(f"interrupted {i}", flush=True)
+        print("usable", launch(lambda: dist.get_rank(), 2, echo=False).results, flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

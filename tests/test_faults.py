@@ -1,0 +1,159 @@
+"""Every way a rank can fail ends in one clear DistributedError, with no worker left."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import DistributedError, launch
+from course_lib.launch import launcher
+from course_lib.launch.payload import UnpicklableError
+
+
+def _fails_on_rank_1():
+    print("about to fail")
+    if dist.get_rank() == 1:
+        raise ValueError("bad batch on rank 1")
+    dist.all_reduce(torch.ones(1))
+
+
+def test_exception_on_one_rank_names_it_first_with_learner_frames():
+    with pytest.raises(DistributedError) as info:
+        launch(_fails_on_rank_1, 2, echo=False)
+    err = info.value
+    first = err.failures[0]
+    assert (first.rank, first.kind, first.error_type) == (1, "exception", "ValueError")
+    assert "bad batch on rank 1" in str(err) and "First failure: rank 1" in str(err)
+    assert 'raise ValueError("bad batch on rank 1")' in first.traceback  # source shown
+    assert "_fails_on_rank_1" in first.traceback.splitlines()[1]  # learner's frame first
+    assert "course_lib/launch" not in first.traceback
+    assert first.output_tail == ["about to fail"]
+    assert isinstance(err, RuntimeError)
+
+
+def _kill_self(how):
+    if dist.get_rank() == 1:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif how == "abort":
+            os.abort()
+        else:
+            sys.exit(3)
+    dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.parametrize("how, kind, expected", [
+    ("kill", "signal", "SIGKILL"), ("abort", "signal", "SIGABRT"), ("exit", "exit", "exit code 3"),
+])
+def test_a_rank_that_dies_is_named_with_its_signal_or_exit_code(how, kind, expected):
+    with pytest.raises(DistributedError) as info:
+        launch(_kill_self, 2, args=(how,), echo=False)
+    first = info.value.failures[0]
+    assert first.rank == 1 and first.kind == kind
+    assert expected in first.summary or expected in str(info.value)
+
+
+def test_sys_exit_zero_counts_as_success():
+    assert launch(lambda: sys.exit(0), 2, echo=False).results == [None, None]
+
+
+def _hangs_on_rank_1():
+    if dist.get_rank() == 1:
+        time.sleep(600)
+    dist.all_reduce(torch.ones(1))
+
+
+def test_hang_ends_at_the_timeout_with_every_running_ranks_stack():
+    start = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        launch(_hangs_on_rank_1, 2, timeout=3, echo=False)
+    assert time.monotonic() - start < 3 + 10  # a guard against hanging, not a speed target
+    err = info.value
+    assert err.timed_out and "Timed out after 3 s" in str(err)
+    hung = err.failures[0]
+    assert (hung.rank, hung.kind) == (1, "timeout")
+    assert "_hangs_on_rank_1" in hung.stack and "time.sleep(600)" in hung.stack
+    assert "course_lib-kernel-watch" not in hung.stack and "forkserver" not in hung.stack
+
+
+def _spin_forever():
+    while True:
+        pass
+
+
+def test_all_ranks_stuck_in_python_each_show_their_stack():
+    with pytest.raises(DistributedError) as info:
+        launch(_spin_forever, 2, timeout=2, echo=False)
+    assert sorted(f.rank for f in info.value.failures) == [0, 1]
+    assert all("_spin_forever" in f.stack for f in info.value.failures)
+
+
+def _fail_fast_or_spin():
+    if dist.get_rank() == 0:
+        raise KeyError("rank 0 gives up")
+    while True:
+        pass
+
+
+def test_after_a_failure_the_other_ranks_are_stopped_with_their_stacks():
+    start = time.monotonic()
+    with pytest.raises(DistributedError) as info:
+        launch(_fail_fast_or_spin, 2, timeout=60, echo=False)
+    assert time.monotonic() - start < 20  # did not wait for the 60 s timeout
+    kinds = {f.rank: f.kind for f in info.value.failures}
+    assert kinds == {0: "exception", 1: "stopped"}
+    assert "_fail_fast_or_spin" in info.value.failures[1].stack
+
+
+def _dataloader_then_hang():
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(list(range(100)), batch_size=2, num_workers=2, persistent_workers=True)
+    for _ in loader:
+        pass
+    time.sleep(600)
+
+
+def test_dataloader_processes_die_with_their_rank():
+    # the autouse fixture fails the test if any DataLoader worker outlives the launch
+    with pytest.raises(DistributedError):
+        launch(_dataloader_then_hang, 2, timeout=5, echo=False)
+
+
+LOCK = threading.Lock()
+
+
+def _uses_lock():
+    with LOCK:
+        return 1
+
+
+def test_unpicklable_function_fails_before_any_worker_starts(monkeypatch):
+    def no_start(*args, **kwargs):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(launcher, "start_worker", no_start)
+    with pytest.raises(UnpicklableError) as info:
+        launch(_uses_lock, 2)
+    message = str(info.value)
+    assert "'LOCK'" in message and "lock" in message and "inside the function" in message
+    assert isinstance(info.value, TypeError)
+
+
+def test_unpicklable_argument_is_named(monkeypatch):
+    monkeypatch.setattr(launcher, "start_worker", None)
+    with pytest.raises(UnpicklableError, match="argument 1"):
+        launch(lambda a, b: None, 2, args=(1, threading.Lock()))
+
+
+def test_unpicklable_result_names_the_rank_and_what_to_return():
+    with pytest.raises(DistributedError) as info:
+        launch(lambda: threading.Lock() if dist.get_rank() == 1 else 0, 2, echo=False)
+    first = info.value.failures[0]
+    assert first.rank == 1 and "cannot be sent back" in first.message
+    assert "state_dict" in first.message

@@ -1,0 +1,109 @@
+"""launch(): results, environment, output and sockets, through real launches."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import launch
+from course_lib.launch.sockets import non_loopback, socket_addresses
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_results_come_back_in_rank_order(world_size):
+    run = launch(lambda: dist.get_rank() * 10, world_size, echo=False)
+    assert run.results == [r * 10 for r in range(world_size)]
+    assert run.world_size == world_size and run.backend == "gloo"
+
+
+def test_process_group_is_ready_and_collectives_work():
+    def total():
+        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.all_reduce(t)
+        return t.item(), dist.get_world_size(), dist.get_backend()
+
+    assert launch(total, 3, echo=False).results == [(6.0, 3, "gloo")] * 3
+
+
+def _environment():
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "GLOO_SOCKET_IFNAME", "COURSE_GREETING"]
+    return {k: os.environ.get(k) for k in keys}, torch.get_num_threads()
+
+
+def test_torchrun_variables_and_one_thread_by_default():
+    run = launch(_environment, 2, echo=False)
+    for rank, (env, threads) in enumerate(run.results):
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
+        assert env["GLOO_SOCKET_IFNAME"] in ("lo", "lo0")
+        assert threads == 1
+
+
+def test_env_reaches_every_rank_and_can_ask_for_threads():
+    run = launch(_environment, 2, env={"COURSE_GREETING": "hi", "OMP_NUM_THREADS": 2}, echo=False)
+    assert [env["COURSE_GREETING"] for env, _ in run.results] == ["hi", "hi"]
+    assert [threads for _, threads in run.results] == [2, 2]
+
+
+def test_arguments_closures_lambdas_and_local_classes():
+    class Box:
+        def __init__(self, value):
+            self.value = value
+
+    offset = 100
+
+    def make(scale, *, extra):
+        return Box(dist.get_rank() * scale + offset + extra)
+
+    run = launch(make, 2, args=(3,), kwargs={"extra": 1}, echo=False)
+    assert all(isinstance(b, Box) for b in run.results)
+    assert [b.value for b in run.results] == [101, 104]
+    assert launch(lambda x: x + dist.get_rank(), 2, args=(5,), echo=False).results == [5, 6]
+
+
+def test_output_is_prefixed_live_and_kept(capsys):
+    import sys
+
+    def chatty():
+        print(f"hello from {dist.get_rank()}")
+        print("careful", file=sys.stderr)
+
+    run = launch(chatty, 2)
+    captured = capsys.readouterr()
+    assert "[rank 0] hello from 0" in captured.out and "[rank 1] hello from 1" in captured.out
+    assert "[rank 1] careful" in captured.err
+    assert run.output(1) == "hello from 1\ncareful\n" or run.output(1) == "careful\nhello from 1\n"
+    assert "[rank 0] hello from 0" in run.output()
+
+
+def test_twenty_reruns_in_a_row():
+    for i in range(20):
+        run = launch(lambda i: (dist.get_rank(), i), 2, args=(i,), echo=False)
+        assert run.results == [(0, i), (1, i)]
+
+
+def test_ranks_hold_no_socket_outside_loopback():
+    def sockets():
+        t = torch.ones(1)
+        dist.all_reduce(t)  # gloo's connections exist now
+        return socket_addresses(os.getpid())
+
+    for addresses in launch(sockets, 2, echo=False).results:
+        assert addresses, "expected the rank to hold gloo sockets"
+        assert non_loopback(addresses) == []
+
+
+def test_timings_are_recorded():
+    run = launch(lambda: None, 2, echo=False)
+    for t in run.timings:
+        assert t["started"] <= t["ready"] <= t["result"]
+    assert run.wall_time > 0
+
+
+def test_the_loopback_check_flags_wildcard_and_outside_addresses():
+    addresses = [("LISTEN", "127.0.0.1", 1), ("LISTEN", "0.0.0.0", 2), ("NONE", "::1", 3),
+                 ("ESTABLISHED", "10.1.2.3", 4), ("LISTEN", "::", 5)]
+    assert [a[2] for a in non_loopback(addresses)] == [2, 4, 5]
