@@ -40,6 +40,9 @@ def test_torchrun_variables_and_one_thread_by_default():
         assert env["MASTER_ADDR"] == "127.0.0.1" and int(env["MASTER_PORT"]) > 0
         assert env["GLOO_SOCKET_IFNAME"] in ("lo", "lo0")
         assert threads == 1
+    first, second = (env for env, _ in run.results)
+    assert (first["MASTER_ADDR"], first["MASTER_PORT"]) == (second["MASTER_ADDR"],
+                                                            second["MASTER_PORT"])
 
 
 def test_env_reaches_every_rank_and_can_ask_for_threads():
@@ -107,3 +110,15 @@ def test_the_loopback_check_flags_wildcard_and_outside_addresses():
     addresses = [("LISTEN", "127.0.0.1", 1), ("LISTEN", "0.0.0.0", 2), ("NONE", "::1", 3),
                  ("ESTABLISHED", "10.1.2.3", 4), ("LISTEN", "::", 5)]
     assert [a[2] for a in non_loopback(addresses)] == [2, 4, 5]
+
+
+def test_each_rank_starts_with_its_own_random_state_like_a_fresh_process():
+    import random
+
+    import numpy as np
+
+    def draws():
+        return torch.initial_seed(), torch.randn(1).item(), random.random(), np.random.rand()
+
+    first, second = launch(draws, 2, echo=False).results
+    assert all(a != b for a, b in zip(first, second))

@@ -54,6 +54,7 @@ def launch(
     payload = pack(fn, args, kwargs)
     if pg_timeout is None:
         pg_timeout = max(1.0, min(30.0, timeout - 1.0))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(net.free_loopback_port()), **env}
     with tempfile.TemporaryDirectory(prefix="course_lib-") as tmp:
         specs = [_spec(r, world_size, backend, pg_timeout, env, tmp) for r in range(world_size)]
         return _Launch(specs, payload, timeout, echo).run()
@@ -64,7 +65,6 @@ def _spec(rank: int, world_size: int, backend: str, pg_timeout: float,
     torchrun_env = {
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
         "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(net.free_loopback_port()),
         "OMP_NUM_THREADS": "1", **net.loopback_env(), **env,
     }
     return WorkerSpec(

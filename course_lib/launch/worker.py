@@ -66,6 +66,7 @@ def run_worker(
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     os.environ.update(spec.env)
     torch.set_num_threads(spec.threads)
+    _fresh_random_state()
     messages.send(("started", os.getpid()))
     code = _run(spec, payload, messages)
     _release_distributed()
@@ -162,6 +163,17 @@ def _release_distributed() -> None:
     except Exception:  # noqa: BLE001, S110 - the rank's outcome is already reported
         pass
     timer.cancel()
+
+
+def _fresh_random_state() -> None:
+    """Seed torch (and NumPy's global generator) from the OS, as in a fresh process.
+
+    A fork inherits the forkserver's generators, so without this every rank would draw
+    the same "random" numbers, unlike under torchrun. (Python's random reseeds at fork.)
+    """
+    torch.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
 
 
 def _redirect_output(stdout_w: Connection, stderr_w: Connection) -> None:

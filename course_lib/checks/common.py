@@ -1,0 +1,73 @@
+"""Shared by every exercise check: run the learner's function on real ranks, turn a crash
+or hang into a hint, and show one CheckResult."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from course_lib.checks.result import CheckResult
+from course_lib.launch import DistributedError, launch
+
+# Seconds a check waits for the learner's function; a hang ends with a hint, not a stuck kernel.
+CHECK_TIMEOUT = 15.0
+SUMMARY_CHARS = 300
+
+
+class Rejected(Exception):
+    """A wrong answer: the message is the hint the learner sees."""
+
+
+def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
+             timeout: float = CHECK_TIMEOUT) -> list[Any]:
+    """Results of runner(fn, *args) on each of `world_size` fresh ranks.
+
+    Raises NotImplementedError when fn is still the exercise stub, Rejected with a hint
+    when any rank crashed or hung."""
+    try:
+        run = launch(runner, world_size, args=(fn, *args), timeout=timeout, echo=False)
+    except DistributedError as err:
+        name = getattr(fn, "__name__", "your function")
+        if any(f.error_type == "NotImplementedError" for f in err.failures):
+            raise NotImplementedError(
+                f"{name}() is not written yet: replace its TODO with your code, run that "
+                "cell, then run this check again.") from None
+        raise Rejected(explain(err, name, world_size, timeout)) from None
+    return run.results
+
+
+def explain(err: DistributedError, name: str, world_size: int, timeout: float) -> str:
+    """A hint for a failed launch, naming the root-cause rank and what happened to it."""
+    root = err.failures[0]
+    if err.timed_out:
+        hint = (f"{name}() did not finish within {timeout:g} s on {world_size} ranks: a rank is "
+                "probably waiting in a collective that another rank never calls. Every rank "
+                "must call the same collectives in the same order.")
+    elif root.is_consequence:
+        hint = (f"rank {root.rank} lost its peers inside a collective: another rank returned "
+                "without making the same call. Every rank must call every collective (no "
+                "`if rank == 0:` around all_reduce or broadcast).")
+    else:
+        hint = f"{name}() raised an error on rank {root.rank} (of {world_size} ranks)."
+    summary = root.summary if len(root.summary) <= SUMMARY_CHARS else \
+        root.summary[: SUMMARY_CHARS - 3] + "..."
+    return f"{hint}\n  root cause, rank {root.rank}: {summary}"
+
+
+def run_check(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
+    """Show and return the result of judge(): its return value is the pass message, a
+    Rejected its hint."""
+    if not callable(fn):
+        result = CheckResult(check, False, f"{check}() expects your function itself "
+                                           f"(its name, without calling it), got {fn!r}")
+    else:
+        try:
+            result = CheckResult(check, True, judge())
+        except Rejected as rejected:
+            result = CheckResult(check, False, str(rejected))
+    result.show()
+    return result
+
+
+def close(a: Any, b: Any, tol: float = 1e-5) -> bool:
+    """Floats equal up to a relative tolerance (for sums computed in a different order)."""
+    return abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))

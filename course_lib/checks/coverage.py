@@ -1,0 +1,68 @@
+"""The coverage table: every pitfall id -> the lesson cells that show it, read from the
+notebooks' metadata, with the ids still to come; kept in README.md between markers."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import nbformat
+
+from course_lib.checks.pitfalls import PITFALLS
+from course_lib.checks.schema import read_cells
+
+START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
+
+
+def collect(paths: list[Path]) -> tuple[dict[str, list[str]], list[str]]:
+    """Per pitfall id, 'notebook: cells' entries; and every metadata problem found."""
+    covered: dict[str, list[str]] = defaultdict(list)
+    problems = []
+    for path in paths:
+        cells, found = read_cells(nbformat.read(path, as_version=4))
+        problems.extend(f"{path}: {p}" for p in found)
+        by_id: dict[str, list[str]] = defaultdict(list)
+        for c in cells:
+            by_id[c.pitfall].append(f"{c.number} {c.role}")
+        for pid, entries in by_id.items():
+            covered[pid].append(f"`{path.stem}` cells {', '.join(entries)}")
+    return covered, problems
+
+
+def table(covered: dict[str, list[str]]) -> str:
+    """The markdown table, one row per registered id, in registry order."""
+    done = sum(1 for pid in PITFALLS if covered.get(pid))
+    rows = [f"{done} of {len(PITFALLS)} pitfalls have cells in a lesson so far.", "",
+            "| id | pitfall | planned lesson | shown in |", "|---|---|---|---|"]
+    for pid, p in PITFALLS.items():
+        shown = "; ".join(covered.get(pid, [])) or "to come"
+        rows.append(f"| {pid} | {p.title} | {', '.join(p.lessons)} | {shown} |")
+    return "\n".join(rows)
+
+
+def replace_block(text: str, block: str) -> str:
+    """README text with the coverage block replaced; ValueError when the markers are missing."""
+    head, start, rest = text.partition(START)
+    _, end, tail = rest.partition(END)
+    if not start or not end:
+        raise ValueError(f"README.md needs the lines {START} and {END} where the table goes")
+    return f"{head}{START}\n{block}\n{END}{tail}"
+
+
+def main(paths: list[Path], write_readme: bool, readme: Path = Path("README.md")) -> int:
+    """Print the table, or write it into README.md; exit 1 on metadata problems."""
+    covered, problems = collect(paths)
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    block = table(covered)
+    if not write_readme:
+        print(block)
+    else:
+        try:
+            readme.write_text(replace_block(readme.read_text(), block))
+        except (OSError, ValueError) as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"wrote the coverage table into {readme}")
+    return 1 if problems else 0

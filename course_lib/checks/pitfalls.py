@@ -1,0 +1,76 @@
+"""The pitfall registry: every id a lesson cell may name, its title and the lessons that
+plan to cover it (from COURSE.md's curriculum map). New X-ids are added here first."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pitfall:
+    """One pitfall: `id` as cells name it, a one-line title, the lessons planned for it."""
+
+    id: str
+    title: str
+    lessons: tuple[str, ...]
+
+
+def _table(rows: str) -> dict[str, Pitfall]:
+    """Parse 'ID | lessons | title' lines into the registry."""
+    pitfalls = {}
+    for line in rows.strip().splitlines():
+        pid, lessons, title = (part.strip() for part in line.split("|"))
+        pitfalls[pid] = Pitfall(pid, title, tuple(lessons.split()))
+    return pitfalls
+
+
+# P01-P20: seed 000's pitfall table, in order. S1-S5: seed 004's sharp edges.
+# B1-B3: seed 002's disasters. X: found while writing the course.
+PITFALLS: dict[str, Pitfall] = _table("""
+P01 | 01    | nn.DataParallel instead of DDP (on CPU it silently runs one replica)
+P02 | 02    | DDP wrapped around a model before it is moved to its device
+P03 | 03    | no DistributedSampler: every rank trains on the same samples
+P04 | 03    | set_epoch() never called: the same shuffle every epoch
+P05 | 05    | plain BatchNorm normalises with each rank's own batch statistics
+P06 | 02    | loss function or targets on a different device than the outputs
+P07 | 02    | hard-coded cuda:0 instead of the rank's LOCAL_RANK device
+P08 | 01    | ranks initialised differently (DDP broadcasts rank 0's weights; manual sync must)
+P09 | 07    | gradient accumulation without no_sync(): an all-reduce every micro-step
+P10 | 04    | find_unused_parameters / unused parameters and static_graph
+P11 | 06    | tuning communication before profiling
+P12 | 11    | checkpoint saved from the DDP wrapper: 'module.' key prefix
+P13 | 14    | multi-node run without checking the nodes can reach each other
+P14 | 08 14 | wrong network interface for the backend
+P15 | 11    | loading a checkpoint before rank 0 finished writing it (no barrier)
+P16 | 02    | every rank logs and prints
+P17 | 05    | dropout and other random state differing between ranks
+P18 | 03    | shuffle=True together with a DistributedSampler
+P19 | 10    | mixing synchronous and asynchronous collectives
+P20 | 03 10 | uneven last batches and inputs across ranks
+S1  | 10    | ranks take different paths and call different collectives: a hang
+S2  | 13    | CPU offload does not help when parameters must all fit during forward
+S3  | 09    | fp16 gradients underflow without loss scaling
+S4  | 03    | DistributedSampler without set_epoch() (seed 004's take on P04)
+S5  | 11    | sharded checkpoint saved at one world size, loaded at another
+B1  | 11    | one rank runs out of memory and the whole job dies with it
+B2  | 10    | the job hangs with no error
+B3  | 12    | results differ from run to run (seeds, determinism, DataLoader workers)
+X1  | 03    | evaluation double-counts the samples DistributedSampler pads
+X2  | 03    | metrics reported from one rank without reducing over ranks
+X3  | 05    | rank-0-only evaluation through the DDP wrapper hangs
+X4  | 00    | per-rank randomness makes ranks disagree
+X5  | 00    | a failing or hanging rank: what the error looks like
+""")
+
+_ID = re.compile(r"^(P(0[1-9]|1[0-9]|20)|S[1-5]|B[1-3]|X[1-9][0-9]*)$")
+
+
+def id_problem(pid: object) -> str | None:
+    """Why `pid` is not a pitfall id cells may name, or None when it is one."""
+    if not isinstance(pid, str) or not _ID.match(pid):
+        return (f"pitfall id {pid!r} is not of the form P01-P20, S1-S5, B1-B3 or X<number>")
+    if pid not in PITFALLS:
+        return (f"pitfall id {pid!r} is not in the registry (course_lib/checks/pitfalls.py); "
+                "add it there with its title and lesson first")
+    return None

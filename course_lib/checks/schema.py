@@ -1,0 +1,124 @@
+"""The pitfall cell metadata schema: read `metadata.course` of each cell and say what is
+wrong with it, so the gate and the coverage table read lessons the same way.
+
+    {"course": {"pitfall": "P03", "role": "broken" | "fixed" | "demo",
+                "symptom": {"error": "RuntimeError", "match": "fragment"}
+                         | {"observed": "same_samples"}}}
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from course_lib.checks.pitfalls import id_problem
+
+ROLES = ("broken", "fixed", "demo")
+RAISES = "raises-exception"
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """What a cell shows: an error (`kind` "error", `name` its class, `match` a fragment of
+    its message) or an observation (`kind` "observed", `name` the observe() name)."""
+
+    kind: str
+    name: str
+    match: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "error":
+            return f"{self.name}({self.match!r})"
+        return f"observed {self.name}"
+
+
+@dataclass(frozen=True)
+class PitfallCell:
+    """A code cell that declares a pitfall; `number` counts cells from 1, as a reader does."""
+
+    number: int
+    pitfall: str
+    role: str
+    symptom: Symptom
+    tags: tuple[str, ...]
+
+
+def course_meta(cell: Any) -> dict:
+    """The cell's `course` metadata ({} when absent)."""
+    meta = cell.get("metadata", {}).get("course", {})
+    return meta if isinstance(meta, dict) else {}
+
+
+def read_cells(nb: Any) -> tuple[list[PitfallCell], list[str]]:
+    """The notebook's pitfall cells, and every problem with their metadata and pairing."""
+    cells, problems = [], []
+    for number, cell in enumerate(nb.cells, start=1):
+        meta = course_meta(cell)
+        if "pitfall" not in meta and "role" not in meta and "symptom" not in meta:
+            continue
+        found = _read_cell(number, cell, meta)
+        if isinstance(found, PitfallCell):
+            cells.append(found)
+        else:
+            problems.extend(f"cell {number}: {p}" for p in found)
+    return cells, problems + pairing_problems(cells)
+
+
+def _read_cell(number: int, cell: Any, meta: dict) -> PitfallCell | list[str]:
+    problems = []
+    if cell.get("cell_type") != "code":
+        problems.append("pitfall metadata on a non-code cell")
+    if (why := id_problem(meta.get("pitfall"))) is not None:
+        problems.append(why)
+    role = meta.get("role")
+    if role not in ROLES:
+        problems.append(f"role {role!r} is not one of {', '.join(ROLES)}")
+    symptom = _read_symptom(meta.get("symptom"))
+    if isinstance(symptom, str):
+        problems.append(symptom)
+    if problems:
+        return problems
+    tags = tuple(cell.get("metadata", {}).get("tags", []))
+    problems = _tag_problems(role, symptom, tags)
+    return problems or PitfallCell(number, meta["pitfall"], role, symptom, tags)
+
+
+def _read_symptom(raw: Any) -> Symptom | str:
+    """The declared symptom, or why it is malformed."""
+    if isinstance(raw, dict) and set(raw) == {"error", "match"}:
+        if _nonempty(raw["error"]) and raw["error"].isidentifier() and _nonempty(raw["match"]):
+            return Symptom("error", raw["error"], raw["match"])
+    elif isinstance(raw, dict) and set(raw) == {"observed"}:
+        if _nonempty(raw["observed"]) and raw["observed"].isidentifier():
+            return Symptom("observed", raw["observed"])
+    return (f"symptom {raw!r} must be {{'error': 'ClassName', 'match': 'fragment'}} "
+            "or {'observed': 'name'}")
+
+
+def _nonempty(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _tag_problems(role: str, symptom: Symptom, tags: tuple[str, ...]) -> list[str]:
+    raises = RAISES in tags
+    if symptom.kind == "error" and role != "fixed" and not raises:
+        return [f"a {role} cell whose symptom is an error must be tagged {RAISES!r}"]
+    if role == "fixed" and raises:
+        return [f"a fixed cell must not be tagged {RAISES!r}: it would hide a real error"]
+    return []
+
+
+def pairing_problems(cells: list[PitfallCell]) -> list[str]:
+    """Every broken cell needs a fixed cell with the same pitfall and symptom, and vice versa."""
+    roles: dict[tuple[str, str, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
+    for c in cells:
+        roles[(c.pitfall, c.symptom.kind, c.symptom.name)][c.role].append(c.number)
+    problems = []
+    for (pid, kind, name), by_role in roles.items():
+        for have, need in (("broken", "fixed"), ("fixed", "broken")):
+            if by_role[have] and not by_role[need]:
+                cells_ = ", ".join(map(str, by_role[have]))
+                problems.append(f"cell {cells_}: {have} {pid} ({kind} {name}) has no {need} "
+                                f"partner with the same pitfall and symptom")
+    return problems
