@@ -13,7 +13,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def hang(folder):
-    open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w").write(str(os.getpid()))
+    with open(os.path.join(folder, f"rank{dist.get_rank()}.pid"), "w") as f:
+        f.write(str(os.getpid()))
     time.sleep(600)
 
 

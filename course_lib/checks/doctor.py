@@ -7,8 +7,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -46,8 +46,8 @@ def check_packages() -> list[Check]:
 
 def check_cores() -> Check:
     cores = os.cpu_count() or 1
-    return Check("CPU cores", PASS if cores >= 2 else WARN,
-                 f"{cores}" + ("" if cores >= 2 else "; ranks will share one core (slow but works)"))
+    note = "" if cores >= 2 else "; ranks will share one core (slow but works)"
+    return Check("CPU cores", PASS if cores >= 2 else WARN, f"{cores}{note}")
 
 
 def check_gpus() -> Check:

@@ -8,9 +8,10 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 
@@ -216,7 +217,8 @@ class _Launch:
         if w.error is not None:
             kind, summary = "exception", f"{w.error['type']}: {w.error['message']}"
             if w.error["type"] == "SystemExit":
-                kind, summary = "exit", f"called sys.exit({w.error['message']}): exit code {w.exitcode}"
+                kind = "exit"
+                summary = f"called sys.exit({w.error['message']}): exit code {w.exitcode}"
             return RankFailure(kind=kind, summary=summary, error_type=w.error["type"],
                                message=w.error["message"], traceback=_traceback_text(w.error),
                                **common)

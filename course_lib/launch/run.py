@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from course_lib.telemetry import Telemetry
 
 
 @dataclass
@@ -40,6 +44,13 @@ class Run:
         if rank is not None:
             return "".join(line.text + "\n" for line in self.logs if line.rank == rank)
         return "".join(f"[rank {line.rank}] {line.text}\n" for line in self.logs)
+
+    @cached_property
+    def telemetry(self) -> Telemetry:
+        """Every rank's course_lib.telemetry records, merged (built on first use)."""
+        from course_lib.telemetry import Telemetry
+
+        return Telemetry.from_payloads(extras.get("telemetry") for extras in self.extras)
 
     def __repr__(self) -> str:
         return (

@@ -13,10 +13,11 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any, Callable
+from typing import Any
 
 import cloudpickle
 import torch
