@@ -1,0 +1,32 @@
+"""python -m course_lib doctor: a readable table, and an exit code that tells."""
+
+import subprocess
+import sys
+
+from course_lib.checks import doctor
+
+
+def test_doctor_passes_here_and_shows_every_check():
+    out = subprocess.run([sys.executable, "-m", "course_lib", "doctor"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name in ("Python", "torch", "jupyterlab", "CPU cores", "GPUs", "backends",
+                 "2-rank launch + all-reduce", "listening addresses"):
+        assert name in out.stdout
+    assert "All checks passed" in out.stdout
+
+
+def test_a_failing_check_makes_the_doctor_fail(monkeypatch, capsys):
+    def broken_backends():
+        return doctor.Check("backends", doctor.FAIL, "gloo missing")
+
+    monkeypatch.setattr(doctor, "check_backends", broken_backends)
+    monkeypatch.setattr(doctor, "check_launch", lambda: [])
+    assert doctor.main() == 1
+    assert "FAILED: backends" in capsys.readouterr().out
+
+
+def test_unknown_command_prints_usage():
+    out = subprocess.run([sys.executable, "-m", "course_lib", "docter"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "usage: python -m course_lib doctor" in out.stderr
