@@ -1,23 +1,32 @@
 """Find worker processes left behind: every worker (and its DataLoader children) is a fork
-of a multiprocessing forkserver, so it carries the forkserver's command line."""
+of a multiprocessing forkserver, so it carries the forkserver's command line, and the
+environment of the process that started the forkserver: this test session's tag."""
 
 from __future__ import annotations
 
 import multiprocessing.forkserver
+import os
 import time
+import uuid
 
 import psutil
 
 MARKER = "from multiprocessing.forkserver import main"
+SESSION_VAR = "COURSE_TEST_SESSION"
+os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)  # inherited by every process we start
 
 
 def forkserver_processes() -> set[int]:
-    """Pids of every process (forkservers and their forks) with the forkserver command line."""
+    """Pids of this session's forkservers and their forks (other sessions' are ignored)."""
     pids = set()
     for proc in psutil.process_iter(["cmdline", "status"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if MARKER in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
-            pids.add(proc.pid)
+        try:
+            if (MARKER in " ".join(proc.info["cmdline"] or [])
+                    and proc.info["status"] != psutil.STATUS_ZOMBIE
+                    and proc.environ().get(SESSION_VAR) == os.environ[SESSION_VAR]):
+                pids.add(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
     return pids
 
 

@@ -143,9 +143,12 @@ def dump_stacks(workers: list[Worker], wait: float = 1.0) -> None:
             time.sleep(0.05)  # let the last thread's lines land
             break
     for w in workers:
-        with open(w.spec.stack_path, errors="replace") as f:
-            f.seek(sizes[w.rank])
-            w.stack = f.read()
+        try:
+            with open(w.spec.stack_path, errors="replace") as f:
+                f.seek(sizes[w.rank])
+                w.stack = f.read()
+        except FileNotFoundError:  # stopped before its Python code began
+            w.stack = "(no stack: the rank was still starting up)"
 
 
 def _size(path: str) -> int:
