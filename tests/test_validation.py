@@ -25,6 +25,8 @@ def ok():
     ({"env": ["A=1"]}, TypeError, "env must be a dict"),
     ({"env": {"RANK": "3"}}, ValueError, "launcher sets"),
     ({"env": {"A": None}}, TypeError, "must be a str or a number"),
+    ({"env": {"OMP_NUM_THREADS": "many"}}, ValueError, "whole number"),
+    ({"pg_timeout": -1}, ValueError, "pg_timeout must be a positive"),
 ])
 def test_bad_arguments_fail_fast_and_say_why(kwargs, error, fragment):
     with pytest.raises(error, match=None) as info:

@@ -7,6 +7,7 @@ import selectors
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -17,9 +18,14 @@ import cloudpickle
 
 from course_lib.launch import net
 from course_lib.launch.payload import pack
-from course_lib.launch.report import DistributedError, RankFailure, annotate_stack
+from course_lib.launch.report import (
+    DistributedError,
+    RankFailure,
+    annotate_stack,
+    root_cause_first,
+)
 from course_lib.launch.run import LogLine, Run
-from course_lib.launch.validate import check_launch_args, choose_backend
+from course_lib.launch.validate import check_launch_args, check_seconds, choose_backend
 from course_lib.launch.worker import LAUNCH_DIR, WorkerSpec
 from course_lib.launch.workers import Worker, dump_stacks, kill, reap, start_worker
 
@@ -55,6 +61,7 @@ def launch(
     payload = pack(fn, args, kwargs)
     if pg_timeout is None:
         pg_timeout = max(1.0, min(30.0, timeout - 1.0))
+    check_seconds("pg_timeout", pg_timeout)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(net.free_loopback_port()), **env}
     with tempfile.TemporaryDirectory(prefix="course_lib-") as tmp:
         specs = [_spec(r, world_size, backend, pg_timeout, env, tmp) for r in range(world_size)]
@@ -87,10 +94,13 @@ class _Launch:
     def run(self) -> Run:
         start = time.monotonic()
         alive_r, alive_w = os.pipe()  # workers exit when this kernel's end closes
+        alive = Connection(alive_r, writable=False)
         try:
-            alive = Connection(alive_r, writable=False)
-            self.workers = [start_worker(s, self.payload, alive) for s in self.specs]
-            alive.close()
+            try:
+                for spec in self.specs:
+                    self.workers.append(start_worker(spec, self.payload, alive))
+            finally:
+                alive.close()
             self._supervise(start + self.timeout)
         finally:
             with _sigint_deferred():
@@ -238,7 +248,7 @@ class _Launch:
             hung = [f.rank for f in failures if f.kind == "timeout"]
             return (f"Timed out after {self.timeout:g} s with rank(s) {_ranks(hung)} still running "
                     f"(world_size={n}). Each rank's Python stack (all threads) is shown below.")
-        first = sorted(failures, key=lambda f: (f.blame, f.time))[0]
+        first = root_cause_first(failures)[0]
         return (f"{len(failures)} of {n} rank(s) failed. First failure: rank {first.rank}, "
                 f"{first.summary}")
 
@@ -274,12 +284,16 @@ def _ranks(ranks: list[int]) -> str:
 
 @contextmanager
 def _sigint_deferred():
-    """Hold a second Ctrl-C until cleanup is done, so no worker is left behind."""
-    if not hasattr(signal, "pthread_sigmask"):
+    """Hold a Ctrl-C that arrives during cleanup until cleanup is done, so no worker is
+    left behind; then raise it. (Python handles signals in the main thread only.)"""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda *_: caught.append(True))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt

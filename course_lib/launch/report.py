@@ -54,12 +54,14 @@ class RankFailure:
 
 
 class DistributedError(RuntimeError):
-    """A launch failed on one or more ranks; `.failures` holds one RankFailure per rank."""
+    """A launch failed on one or more ranks; `.failures` holds one RankFailure per rank,
+    root cause first, and `.run` what the ranks printed and sent back before failing."""
 
     def __init__(self, headline: str, failures: list[RankFailure], timed_out: bool = False):
-        self.failures = _root_cause_first(failures)
+        self.failures = root_cause_first(failures)
         self.timed_out = timed_out
         self.headline = headline
+        self.run = None  # set by launch()
         super().__init__(format_report(headline, self.failures))
 
     @property
@@ -68,7 +70,8 @@ class DistributedError(RuntimeError):
         return [f.rank for f in self.failures]
 
 
-def _root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
+def root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
+    """Failures ordered by blame, then by when they happened."""
     return sorted(failures, key=lambda f: (f.blame, f.time, f.rank))
 
 

@@ -26,9 +26,13 @@ def check_launch_args(
                         f" (for one argument write args=(x,)).")
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a dict, got {type(kwargs).__name__}.")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}.")
+    check_seconds("timeout", timeout)
     return tuple(args), dict(kwargs or {}), check_env(env)
+
+
+def check_seconds(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
 
 
 def check_world_size(world_size: Any) -> None:
@@ -58,6 +62,9 @@ def check_env(env: Any) -> dict[str, str]:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise TypeError(f"env[{key!r}] must be a str or a number, got {value!r}.")
         clean[key] = str(value)
+    threads = clean.get("OMP_NUM_THREADS", "1")
+    if not threads.isdigit() or int(threads) < 1:
+        raise ValueError(f"env['OMP_NUM_THREADS'] must be a whole number >= 1, got {threads!r}.")
     return clean
 
 
