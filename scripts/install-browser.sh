@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
 
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
 if ! command -v chromium >/dev/null 2>&1; then
-    apt-get update
-    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+    $SUDO apt-get update
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 fi
 if ! "$PYTHON" -c "import playwright" >/dev/null 2>&1; then
     "$PYTHON" -m pip install --quiet playwright

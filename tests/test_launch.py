@@ -122,3 +122,12 @@ def test_each_rank_starts_with_its_own_random_state_like_a_fresh_process():
 
     first, second = launch(draws, 2, echo=False).results
     assert all(a != b for a, b in zip(first, second))
+
+
+def test_debug_level_from_env_reaches_the_process_group():
+    def level():
+        return str(dist.get_debug_level())
+
+    run = launch(level, 2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}, echo=False)
+    assert run.results == ["DebugLevel.INFO"] * 2
+    assert launch(level, 2, echo=False).results == ["DebugLevel.OFF"] * 2

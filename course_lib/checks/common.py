@@ -3,7 +3,8 @@ or hang into a hint, and show one CheckResult."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from course_lib.checks.result import CheckResult
 from course_lib.launch import DistributedError, launch
@@ -43,9 +44,10 @@ def explain(err: DistributedError, name: str, world_size: int, timeout: float) -
                 "probably waiting in a collective that another rank never calls. Every rank "
                 "must call the same collectives in the same order.")
     elif root.is_consequence:
-        hint = (f"rank {root.rank} lost its peers inside a collective: another rank returned "
-                "without making the same call. Every rank must call every collective (no "
-                "`if rank == 0:` around all_reduce or broadcast).")
+        hint = (f"rank {root.rank} failed inside a collective, waiting for the other ranks: "
+                "every rank must make the same collective calls with the same arguments "
+                "(same src, same shapes) in the same order; no `if rank == 0:` around "
+                "all_reduce or broadcast.")
     else:
         hint = f"{name}() raised an error on rank {root.rank} (of {world_size} ranks)."
     summary = root.summary if len(root.summary) <= SUMMARY_CHARS else \

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.checks.pitfalls import PITFALLS
+from course_lib.checks.pitfalls import PITFALLS, SAME_AS
 from course_lib.checks.schema import read_cells
 
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
@@ -32,11 +32,14 @@ def collect(paths: list[Path]) -> tuple[dict[str, list[str]], list[str]]:
 
 def table(covered: dict[str, list[str]]) -> str:
     """The markdown table, one row per registered id, in registry order."""
+    covered = {**covered, **{pid: covered.get(other, []) for pid, other in SAME_AS.items()}}
     done = sum(1 for pid in PITFALLS if covered.get(pid))
     rows = [f"{done} of {len(PITFALLS)} pitfalls have cells in a lesson so far.", "",
             "| id | pitfall | planned lesson | shown in |", "|---|---|---|---|"]
     for pid, p in PITFALLS.items():
         shown = "; ".join(covered.get(pid, [])) or "to come"
+        if pid in SAME_AS:
+            shown = f"as {SAME_AS[pid]}: {shown}"
         rows.append(f"| {pid} | {p.title} | {', '.join(p.lessons)} | {shown} |")
     return "\n".join(rows)
 

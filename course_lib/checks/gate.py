@@ -1,8 +1,9 @@
-"""The pitfall gate: run lesson notebooks and prove every broken cell really breaks.
+"""The gate: run lesson, solution and exercise notebooks and prove they are honest.
 
-A broken or demo cell must show its declared symptom, a fixed cell must not (an
-observation is needed: its absence proves nothing). Errors are allowed only in cells
-tagged raises-exception, as nbmake allows them.
+Every broken or demo cell must show its declared symptom and every fixed cell must not (an
+observation must be present: its absence proves nothing). Errors are allowed only in
+cells tagged raises-exception, as nbmake allows them. Exercise stubs may fail only with
+NotImplementedError, and every solution's check must pass.
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ from typing import Any
 
 import nbformat
 
+from course_lib.checks.exercise_cells import judge_exercise_cells
+from course_lib.checks.outputs import (
+    Verdict,
+    describe_error,
+    error_output,
+    executed,
+    first_line,
+    observations,
+)
 from course_lib.checks.schema import RAISES, PitfallCell, read_cells
-from course_lib.teach.observe import MIME as OBSERVATION
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What one pitfall cell was expected to show, what it showed, and whether that is right."""
-
-    cell: PitfallCell
-    saw: str
-    ok: bool
 
 
 @dataclass
@@ -41,46 +41,22 @@ class NotebookReport:
         return not self.problems and all(v.ok for v in self.verdicts)
 
 
-def observations(cell: Any) -> dict[str, list[bool]]:
-    """Every observe() value a cell displayed, by name."""
-    seen: dict[str, list[bool]] = {}
-    for out in cell.get("outputs", []):
-        data = out.get("data", {}).get(OBSERVATION)
-        if isinstance(data, dict) and "name" in data:
-            seen.setdefault(data["name"], []).append(bool(data.get("value")))
-    return seen
-
-
-def error_output(cell: Any) -> Any | None:
-    """The cell's error output, if it raised."""
-    return next((o for o in cell.get("outputs", []) if o.get("output_type") == "error"), None)
-
-
 def judge(cell: PitfallCell, nb_cell: Any) -> Verdict:
     """Did the executed cell show (broken, demo) or not show (fixed) its symptom?"""
     want = cell.role != "fixed"
-    if nb_cell.get("execution_count") is None:
-        return Verdict(cell, "the cell was not executed", False)
+    row = (cell.number, f"{cell.pitfall} {cell.role}",
+           str(cell.symptom) if want else f"no {cell.symptom}")
+    if not executed(nb_cell):
+        return Verdict(*row, "the cell was not executed", False)
     if cell.symptom.kind == "error":
-        return _judge_error(cell, error_output(nb_cell), want)
+        err = error_output(nb_cell)
+        shown = (err is not None and err.get("ename") == cell.symptom.name
+                 and cell.symptom.match in str(err.get("evalue", "")))
+        return Verdict(*row, describe_error(err), shown if want else err is None)
     values = observations(nb_cell).get(cell.symptom.name)
     if not values:
-        return Verdict(cell, f"no observation {cell.symptom.name!r} in the outputs", False)
-    return Verdict(cell, f"{cell.symptom.name} = {values}", all(v is want for v in values))
-
-
-def _judge_error(cell: PitfallCell, err: Any | None, want: bool) -> Verdict:
-    if err is None:
-        return Verdict(cell, "no error", not want)
-    evalue = str(err.get("evalue", ""))
-    saw = f"{err.get('ename')}: {_first_line(evalue)}"
-    shown = err.get("ename") == cell.symptom.name and cell.symptom.match in evalue
-    return Verdict(cell, saw, want and shown)
-
-
-def _first_line(text: str, width: int = 70) -> str:
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= width else line[: width - 3] + "..."
+        return Verdict(*row, f"no observation {cell.symptom.name!r} in the outputs", False)
+    return Verdict(*row, f"{cell.symptom.name} = {values}", all(v is want for v in values))
 
 
 def unexpected_errors(nb: Any) -> list[str]:
@@ -89,15 +65,15 @@ def unexpected_errors(nb: Any) -> list[str]:
     for number, cell in enumerate(nb.cells, start=1):
         err = error_output(cell)
         if err is not None and RAISES not in cell.get("metadata", {}).get("tags", []):
-            found.append(f"cell {number}: unexpected {err.get('ename')}: "
-                         f"{_first_line(str(err.get('evalue', '')))}")
+            found.append(f"cell {number}: unexpected {describe_error(err)}")
     return found
 
 
 def check_executed(path: str, nb: Any, problems: list[str] | None = None) -> NotebookReport:
-    """Judge an executed notebook: metadata, unexpected errors, every pitfall cell."""
+    """Judge an executed notebook: metadata, unexpected errors, pitfall and exercise cells."""
     cells, meta_problems = read_cells(nb)
-    verdicts = [judge(c, nb.cells[c.number - 1]) for c in cells]
+    verdicts = [judge(c, nb.cells[c.number - 1]) for c in cells] + judge_exercise_cells(nb)
+    verdicts.sort(key=lambda v: v.number)
     return NotebookReport(path, verdicts, [*(problems or []), *meta_problems,
                                            *unexpected_errors(nb)])
 
@@ -118,21 +94,17 @@ def execute(path: Path, timeout: int) -> tuple[Any, list[str]]:
 
 
 def format_report(report: NotebookReport) -> str:
-    """A readable table: one row per pitfall cell, then the problems."""
+    """A readable table, one row per judged cell, then the problems."""
     lines = [f"{'PASS' if report.ok else 'FAIL'}  {report.path}"]
     if report.verdicts:
-        lines.append(f"  {'cell':>4}  {'id':<4} {'role':<6} {'expects':<40} {'saw':<44} ok")
+        lines.append(f"  {'cell':>4}  {'what':<15} {'expects':<36} {'saw':<60} ok")
     for v in report.verdicts:
-        lines.append(f"  {v.cell.number:>4}  {v.cell.pitfall:<4} {v.cell.role:<6} "
-                     f"{_expectation(v.cell):<40} {v.saw:<44} {'yes' if v.ok else 'NO'}")
+        lines.append(f"  {v.number:>4}  {v.what:<15} {first_line(v.expects, 36):<36} "
+                     f"{first_line(v.saw):<60} {'yes' if v.ok else 'NO'}")
     if not report.verdicts:
-        lines.append("  (no pitfall cells)")
+        lines.append("  (no pitfall or exercise cells)")
     lines.extend(f"  problem: {p}" for p in report.problems)
     return "\n".join(lines)
-
-
-def _expectation(cell: PitfallCell) -> str:
-    return str(cell.symptom) if cell.role != "fixed" else f"no {cell.symptom}"
 
 
 def notebook_paths(args: list[str]) -> list[Path]:
@@ -144,11 +116,11 @@ def notebook_paths(args: list[str]) -> list[Path]:
     return paths
 
 
-def gate(paths: list[Path], executed: bool, timeout: int) -> list[NotebookReport]:
+def gate(paths: list[Path], already_executed: bool, timeout: int) -> list[NotebookReport]:
     """Judge each notebook, running it first unless it was already executed."""
     reports = []
     for path in paths:
-        if executed:
+        if already_executed:
             nb, stopped = nbformat.read(path, as_version=4), []
         else:
             nb, stopped = execute(path, timeout)
@@ -158,23 +130,27 @@ def gate(paths: list[Path], executed: bool, timeout: int) -> list[NotebookReport
 
 def main(argv: list[str] | None = None) -> int:
     """python -m course_lib.gate: exit 0 only when every notebook passes."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.coverage or args.write_readme:
         from course_lib.checks.coverage import main as coverage
 
         return coverage(notebook_paths(args.notebooks or ["notebooks"]), args.write_readme)
-    if not args.notebooks:
-        _parser().error("name at least one notebook or folder")
-    reports = gate(notebook_paths(args.notebooks), args.executed, args.timeout)
+    paths = notebook_paths(args.notebooks)
+    if not paths or not all(p.is_file() for p in paths):
+        parser.error(f"no notebooks found in {args.notebooks}" if not paths else
+                     f"no such notebook: {', '.join(str(p) for p in paths if not p.is_file())}")
+    reports = gate(paths, args.executed, args.timeout)
     for report in reports:
         print(format_report(report))
     failed = [r.path for r in reports if not r.ok]
-    print(f"\n{len(reports) - len(failed)} of {len(reports)} notebook(s) pass the pitfall gate.")
+    print(f"\n{len(reports) - len(failed)} of {len(reports)} notebook(s) pass the gate.")
     return 1 if failed else 0
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m course_lib.gate", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m course_lib.gate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("notebooks", nargs="*", help="notebook files or folders of notebooks")
     p.add_argument("--executed", action="store_true",
                    help="the notebooks were already executed (e.g. by nbmake --overwrite on a "

@@ -4,7 +4,8 @@ numbers every rank agrees on."""
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -126,7 +127,8 @@ def _judge_random(results: list[Any], n: int) -> None:
             raise Rejected(f"ranks 0 and {rank} returned different numbers.{why} Draw on rank "
                            "0 and dist.broadcast the tensor, or seed every rank alike first.")
     if not all(0 <= v < 1 for v in rows[0]):
-        raise Rejected(f"the numbers {rows[0]} leave [0, 1), where torch.rand draws: did you "
+        shown = [round(v, 3) for v in rows[0]]
+        raise Rejected(f"the numbers {shown} leave [0, 1), where torch.rand draws: did you "
                        "add the ranks' numbers (all_reduce) instead of copying one rank's "
                        "(broadcast)?")
     if len(set(rows[0])) == 1:

@@ -63,6 +63,9 @@ X4  | 00    | per-rank randomness makes ranks disagree
 X5  | 00    | a failing or hanging rank: what the error looks like
 """)
 
+# Ids that name the same pitfall as another: cells declare the other one.
+SAME_AS = {"S4": "P04"}
+
 _ID = re.compile(r"^(P(0[1-9]|1[0-9]|20)|S[1-5]|B[1-3]|X[1-9][0-9]*)$")
 
 
@@ -73,4 +76,6 @@ def id_problem(pid: object) -> str | None:
     if pid not in PITFALLS:
         return (f"pitfall id {pid!r} is not in the registry (course_lib/checks/pitfalls.py); "
                 "add it there with its title and lesson first")
+    if pid in SAME_AS:
+        return f"{pid} is the same pitfall as {SAME_AS[pid]}: declare {SAME_AS[pid]}"
     return None

@@ -41,7 +41,6 @@ class PitfallCell:
     pitfall: str
     role: str
     symptom: Symptom
-    tags: tuple[str, ...]
 
 
 def course_meta(cell: Any) -> dict:
@@ -79,19 +78,17 @@ def _read_cell(number: int, cell: Any, meta: dict) -> PitfallCell | list[str]:
         problems.append(symptom)
     if problems:
         return problems
-    tags = tuple(cell.get("metadata", {}).get("tags", []))
-    problems = _tag_problems(role, symptom, tags)
-    return problems or PitfallCell(number, meta["pitfall"], role, symptom, tags)
+    problems = _tag_problems(role, symptom, cell.get("metadata", {}).get("tags", []))
+    return problems or PitfallCell(number, meta["pitfall"], role, symptom)
 
 
 def _read_symptom(raw: Any) -> Symptom | str:
     """The declared symptom, or why it is malformed."""
-    if isinstance(raw, dict) and set(raw) == {"error", "match"}:
-        if _nonempty(raw["error"]) and raw["error"].isidentifier() and _nonempty(raw["match"]):
-            return Symptom("error", raw["error"], raw["match"])
-    elif isinstance(raw, dict) and set(raw) == {"observed"}:
-        if _nonempty(raw["observed"]) and raw["observed"].isidentifier():
-            return Symptom("observed", raw["observed"])
+    keys = set(raw) if isinstance(raw, dict) else set()
+    if keys == {"error", "match"} and _identifier(raw["error"]) and _nonempty(raw["match"]):
+        return Symptom("error", raw["error"], raw["match"])
+    if keys == {"observed"} and _identifier(raw["observed"]):
+        return Symptom("observed", raw["observed"])
     return (f"symptom {raw!r} must be {{'error': 'ClassName', 'match': 'fragment'}} "
             "or {'observed': 'name'}")
 
@@ -100,7 +97,11 @@ def _nonempty(value: Any) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def _tag_problems(role: str, symptom: Symptom, tags: tuple[str, ...]) -> list[str]:
+def _identifier(value: Any) -> bool:
+    return isinstance(value, str) and value.isidentifier()
+
+
+def _tag_problems(role: str, symptom: Symptom, tags: list[str]) -> list[str]:
     raises = RAISES in tags
     if symptom.kind == "error" and role != "fixed" and not raises:
         return [f"a {role} cell whose symptom is an error must be tagged {RAISES!r}"]
@@ -118,7 +119,7 @@ def pairing_problems(cells: list[PitfallCell]) -> list[str]:
     for (pid, kind, name), by_role in roles.items():
         for have, need in (("broken", "fixed"), ("fixed", "broken")):
             if by_role[have] and not by_role[need]:
-                cells_ = ", ".join(map(str, by_role[have]))
-                problems.append(f"cell {cells_}: {have} {pid} ({kind} {name}) has no {need} "
+                numbers = ", ".join(map(str, by_role[have]))
+                problems.append(f"cell {numbers}: {have} {pid} ({kind} {name}) has no {need} "
                                 f"partner with the same pitfall and symptom")
     return problems

@@ -244,8 +244,8 @@ class _Launch:
 
     def _headline(self, failures: list[RankFailure]) -> str:
         n = len(self.specs)
-        if self.timed_out:
-            hung = [f.rank for f in failures if f.kind == "timeout"]
+        hung = [f.rank for f in failures if f.kind == "timeout"]
+        if hung:
             return (f"Timed out after {self.timeout:g} s with rank(s) {_ranks(hung)} still running "
                     f"(world_size={n}). Each rank's Python stack (all threads) is shown below.")
         first = root_cause_first(failures)[0]

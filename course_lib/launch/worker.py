@@ -66,6 +66,7 @@ def run_worker(
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     os.environ.update(spec.env)
+    dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import time
     torch.set_num_threads(spec.threads)
     _fresh_random_state()
     messages.send(("started", os.getpid()))
@@ -145,6 +146,10 @@ def _init_process_group(spec: WorkerSpec) -> None:
         world_size=spec.world_size,
         timeout=timedelta(seconds=spec.pg_timeout),
     )
+    # gloo can let a fast rank out of its connection handshake before a slow peer has
+    # finished it; were the fast rank to finish and exit, the peer's init would fail with
+    # "Connection closed by peer". No rank starts the function before every rank connected.
+    dist.barrier()
 
 
 def _release_distributed() -> None:

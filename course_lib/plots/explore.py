@@ -1,0 +1,52 @@
+"""Widgets to explore a run: a step slider and rank toggles that redraw a plot.
+
+Each explorer first displays the static figure (what nbmake and static viewers keep), then
+returns the controls; moving them draws the chosen view below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ipywidgets as widgets
+from IPython.display import display
+from matplotlib.figure import Figure
+
+from course_lib.plots.batchnorm import batchnorm
+from course_lib.plots.grads import gradients
+from course_lib.telemetry import Telemetry
+
+
+def gradient_explorer(tel: Telemetry) -> widgets.Widget:
+    """gradients(tel) with a step slider and rank toggles."""
+    steps = tel.grads.unique("step")
+    display(gradients(tel))
+    slider = widgets.SelectionSlider(options=steps, value=steps[-1], description="step")
+    return explorer(lambda step, ranks: gradients(tel, step, ranks), tel.ranks, step=slider)
+
+
+def batchnorm_explorer(tel: Telemetry) -> widgets.Widget:
+    """batchnorm(tel) with a layer menu, a channel slider and rank toggles."""
+    layers = tel.batchnorm.unique("layer")
+    display(batchnorm(tel, layers[0]))
+    channels = max(len(v) for v in tel.batchnorm["batch_mean"])
+    return explorer(lambda layer, channel, ranks: batchnorm(tel, layer, channel, ranks),
+                    tel.ranks, layer=widgets.Dropdown(options=layers, description="layer"),
+                    channel=widgets.IntSlider(0, 0, channels - 1, description="channel"))
+
+
+def explorer(draw: Callable[..., Figure], ranks: list[int],
+             **controls: widgets.ValueWidget) -> widgets.Widget:
+    """Controls plus one toggle per rank; every change calls draw(**values, ranks=[...])."""
+    toggles = [widgets.ToggleButton(value=True, description=f"rank {r}") for r in ranks]
+    out = widgets.Output()
+
+    def redraw(_: object = None) -> None:
+        shown = [r for r, toggle in zip(ranks, toggles) if toggle.value]
+        with out:
+            out.clear_output(wait=True)
+            display(draw(ranks=shown, **{k: w.value for k, w in controls.items()}))
+
+    for widget in [*controls.values(), *toggles]:
+        widget.observe(redraw, "value")
+    return widgets.VBox([widgets.HBox(list(controls.values())), widgets.HBox(toggles), out])

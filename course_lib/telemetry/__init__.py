@@ -1,0 +1,20 @@
+"""Telemetry: record what every rank does while it trains, and get it back as tables.
+
+    rec = telemetry.Recorder()
+    rec.watch_ddp(ddp_model)              # all-reduces, gradients before/after them
+    with rec.step(step):
+        with rec.span("forward"):
+            loss = loss_fn(ddp_model(x), y)
+        rec.scalar("loss", loss)
+
+In the notebook, `launch(...)` returns the records of every rank as `run.telemetry`.
+"""
+
+from course_lib.telemetry.chrome import chrome_trace, load_profiler_traces
+from course_lib.telemetry.collect import ENV_DIR
+from course_lib.telemetry.merged import Telemetry, load
+from course_lib.telemetry.recorder import Recorder
+from course_lib.telemetry.table import Table
+
+__all__ = ["Recorder", "Telemetry", "Table", "load", "load_profiler_traces", "chrome_trace",
+           "ENV_DIR"]

@@ -1,0 +1,113 @@
+"""Chrome traces: export a run's spans and all-reduces, and read torch.profiler's traces.
+
+The export opens in ui.perfetto.dev or chrome://tracing: one process track per rank, with a
+"compute" thread (spans) and a "communication" thread (all-reduces). Traces that
+torch.profiler exported on each rank load into a Telemetry, so the same plots draw them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from course_lib.telemetry.merged import Telemetry
+from course_lib.telemetry.schema import COLUMNS
+
+COMPUTE, COMMUNICATION = 0, 1  # thread ids inside each rank's track
+# record_function names that torch itself adds, and the span names they stand for
+ALIASES = {"DistributedDataParallel.forward": "forward", "Optimizer.step": "optimizer",
+           "Optimizer.zero_grad": "zero_grad"}
+COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc):(\w+)$")  # e.g. "gloo:all_reduce"
+DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4,
+               "long int": 8}
+
+
+def chrome_trace(tel: Telemetry) -> dict[str, Any]:
+    """The run as a Chrome trace (a dict ready for json.dump); times start at the run's start."""
+    t0 = _start(tel)
+    events = [e for rank in tel.ranks for e in _track_names(rank)]
+    for rank, step, name, start, end in tel.spans.rows():
+        events.append(_slice(rank, COMPUTE, name, start - t0, end - start, {"step": step}))
+    for rank, step, op, bucket, nbytes, start, end in tel.comms.rows():
+        label = f"{op} bucket {bucket}" if bucket >= 0 else op
+        events.append(_slice(rank, COMMUNICATION, label, start - t0, end - start,
+                             {"step": step, "bytes": nbytes}))
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def save_chrome_trace(tel: Telemetry, path: str | os.PathLike) -> Path:
+    """Write chrome_trace(tel) to `path` as JSON."""
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(tel)))
+    return path
+
+
+def load_profiler_traces(paths: Iterable[str | os.PathLike]) -> Telemetry:
+    """Per-rank traces from torch.profiler's export_chrome_trace, as one Telemetry.
+
+    record_function blocks become spans (ProfilerStep#N: span "step" of step N), collectives
+    become comms rows (bytes need record_shapes=True, else 0). A trace's rank comes from
+    its distributedInfo, else from its position in `paths`.
+    """
+    traces = [json.loads(Path(p).read_text()) for p in paths]
+    return Telemetry.from_payloads(_payload(t, i) for i, t in enumerate(traces))
+
+
+def _start(tel: Telemetry) -> float:
+    starts = np.concatenate([tel.spans["start"], tel.comms["start"]]).astype(float)
+    return float(starts.min()) if len(starts) else 0.0
+
+
+def _track_names(rank: int) -> list[dict[str, Any]]:
+    meta = [("process_name", COMPUTE, {"name": f"rank {rank}"}),
+            ("process_sort_index", COMPUTE, {"sort_index": rank}),
+            ("thread_name", COMPUTE, {"name": "compute"}),
+            ("thread_name", COMMUNICATION, {"name": "communication"})]
+    return [{"ph": "M", "name": n, "pid": rank, "tid": tid, "args": a} for n, tid, a in meta]
+
+
+def _slice(rank: int, tid: int, name: str, start: float, duration: float,
+           args: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "X", "name": name, "pid": rank, "tid": tid, "ts": start * 1e6,
+            "dur": duration * 1e6, "args": args}
+
+
+def _payload(trace: dict[str, Any], position: int) -> dict[str, Any]:
+    info = trace.get("distributedInfo") or {}
+    base = trace.get("baseTimeNanoseconds", 0) / 1e9
+    events = [e for e in trace.get("traceEvents", [])
+              if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    times = [(base + e["ts"] / 1e6, base + (e["ts"] + e["dur"]) / 1e6) for e in events]
+    steps = [(s, e, int(ev["name"].split("#")[1])) for ev, (s, e) in zip(events, times)
+             if ev["name"].startswith("ProfilerStep#")]
+    spans, comms = [], []
+    for event, (start, end) in zip(events, times):
+        step = next((n for s, e, n in steps if s <= start <= e), 0)
+        collective = COLLECTIVE.match(event["name"])
+        if collective:
+            op = collective.group(2).replace("_", "")
+            comms.append((step, op, -1, _bytes(event.get("args", {})), start, end))
+        else:
+            spans.append((step, _span_name(event["name"]), start, end))
+    tables = {name: {c: [] for c in cols} for name, cols in COLUMNS.items()}
+    tables["spans"] = dict(zip(COLUMNS["spans"], map(list, zip(*spans)))) or tables["spans"]
+    tables["comms"] = dict(zip(COLUMNS["comms"], map(list, zip(*comms)))) or tables["comms"]
+    return {"rank": info.get("rank", position), "world_size": info.get("world_size", 1),
+            "tables": tables}
+
+
+def _span_name(name: str) -> str:
+    if name.startswith("ProfilerStep#"):
+        return "step"
+    return next((alias for prefix, alias in ALIASES.items() if name.startswith(prefix)), name)
+
+
+def _bytes(args: dict[str, Any]) -> int:
+    dims, types = args.get("Input Dims") or [], args.get("Input type") or []
+    return sum(int(np.prod(d)) * DTYPE_BYTES.get(t, 0) for d, t in zip(dims, types))

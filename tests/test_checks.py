@@ -1,0 +1,302 @@
+"""Exercise checks judge behaviour on real ranks: each accepts the worked solution and a
+differently written correct answer, and rejects plausible wrong answers with the right hint."""
+
+import os
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib.checks import (
+    check_average_gradients,
+    check_broadcast_parameters,
+    check_rank_summary,
+    check_same_random,
+)
+from course_lib.checks.schema import course_meta
+
+SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+
+
+def solution(notebook: str, name: str):
+    """The worked solution `name` from solutions/<notebook>, run as the notebook defines it."""
+    nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
+    namespace = {"__name__": f"solutions_{notebook.split('_')[0]}"}  # not importable: by value
+    for cell in nb.cells:
+        if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
+            exec(compile(cell.source, notebook, "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def accepts(check, fn, capsys):
+    result = check(fn)
+    printed = capsys.readouterr().out
+    assert result.passed, result.message
+    assert "PASS" in printed and result.message in printed
+
+
+def rejects(check, fn, hint, capsys):
+    result = check(fn)
+    printed = capsys.readouterr().out
+    assert not result.passed
+    assert hint in result.message, result.message
+    assert result.message in printed
+
+
+# -- lesson 00: rank_summary ----------------------------------------------------------------
+
+def summary_by_gather(x):
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, x)
+    return [dist.get_rank(), dist.get_world_size(), sum(values)]
+
+
+def summary_no_reduce(x):
+    return dist.get_rank(), dist.get_world_size(), x
+
+
+def summary_reduce_to_rank0(x):
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.reduce(t, dst=0)
+    return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+def summary_two_ranks(x):
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dist.get_rank(), 2, t.item()
+
+
+def summary_env_strings(x):
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return os.environ["RANK"], os.environ["WORLD_SIZE"], t.item()
+
+
+def summary_average(x):
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item() / dist.get_world_size()
+
+
+@pytest.mark.parametrize("fn", ["solution", summary_by_gather])
+def test_rank_summary_accepts(fn, capsys):
+    fn = solution("00_welcome.ipynb", "rank_summary") if fn == "solution" else fn
+    accepts(check_rank_summary, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (summary_no_reduce, "each rank returned its own x as the total"),
+    (summary_reduce_to_rank0, "only rank 0 has the right total"),
+    (summary_two_ranks, "with 3 ranks, rank 0 reported world_size=2"),
+    (summary_env_strings, "rank 0 returned rank='0', a str"),
+    (summary_average, "the average"),
+])
+def test_rank_summary_rejects(fn, hint, capsys):
+    rejects(check_rank_summary, fn, hint, capsys)
+
+
+# -- lesson 00: same_random ------------------------------------------------------------------
+
+def random_same_seed(n):
+    generator = torch.Generator().manual_seed(1234)
+    return torch.rand(n, generator=generator)
+
+
+def random_unsynced(n):
+    return torch.rand(n)
+
+
+def random_summed(n):
+    numbers = torch.rand(n)
+    dist.all_reduce(numbers)
+    return numbers
+
+
+def random_broadcast_copy(n):
+    numbers = torch.rand(n)
+    dist.broadcast(numbers.clone(), src=0)
+    return numbers
+
+
+def random_constant(n):
+    return torch.zeros(n)
+
+
+@pytest.mark.parametrize("fn", ["solution", random_same_seed])
+def test_same_random_accepts(fn, capsys):
+    fn = solution("00_welcome.ipynb", "same_random") if fn == "solution" else fn
+    accepts(check_same_random, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (random_unsynced, "Each rank returned its own draw"),
+    (random_broadcast_copy, "ranks 0 and 1 returned different numbers"),
+    (random_summed, "did you add the ranks' numbers (all_reduce)"),
+    (random_constant, "should be random draws"),
+])
+def test_same_random_rejects(fn, hint, capsys):
+    rejects(check_same_random, fn, hint, capsys)
+
+
+# -- lesson 01: broadcast_parameters ---------------------------------------------------------
+
+def broadcast_into_copy_back(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            received = p.detach().clone()
+            dist.broadcast(received, src=0)
+            p.copy_(received)
+
+
+def broadcast_a_copy(model):
+    for p in model.parameters():
+        dist.broadcast(p.data.clone(), src=0)
+
+
+def broadcast_average(model):
+    for p in model.parameters():
+        dist.all_reduce(p.data)
+        p.data /= dist.get_world_size()
+
+
+def broadcast_weights_only(model):
+    for name, p in model.named_parameters():
+        if name.endswith("weight"):
+            dist.broadcast(p.data, src=0)
+
+
+def broadcast_from_last_rank(model):
+    for p in model.parameters():
+        dist.broadcast(p.data, src=dist.get_world_size() - 1)
+
+
+@pytest.mark.parametrize("fn", ["solution", broadcast_into_copy_back])
+def test_broadcast_parameters_accepts(fn, capsys):
+    if fn == "solution":
+        fn = solution("01_ddp_from_scratch.ipynb", "broadcast_parameters")
+    accepts(check_broadcast_parameters, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (broadcast_a_copy, "rank 1 still has its own initial weights"),
+    (broadcast_average, "on the average of all ranks' weights"),
+    (broadcast_weights_only, "fc1.bias, fc2.bias differ from rank 0's"),
+    (broadcast_from_last_rank, "not on rank 0's initial weights"),
+])
+def test_broadcast_parameters_rejects(fn, hint, capsys):
+    rejects(check_broadcast_parameters, fn, hint, capsys)
+
+
+# -- lesson 01: average_gradients ------------------------------------------------------------
+
+def average_flat(model):
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.flatten() for g in grads])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset: offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def average_no_divide(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+
+
+def average_first_only(model):
+    p = next(model.parameters())
+    dist.all_reduce(p.grad)
+    p.grad /= dist.get_world_size()
+
+
+def average_a_copy(model):
+    for p in model.parameters():
+        g = p.grad.clone()
+        dist.all_reduce(g)
+        g /= dist.get_world_size()
+
+
+def average_divide_by_two(model):
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= 2
+
+
+def average_on_rank0_only(model):
+    if dist.get_rank() == 0:
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+
+
+@pytest.mark.parametrize("fn", ["solution", average_flat])
+def test_average_gradients_accepts(fn, capsys):
+    if fn == "solution":
+        fn = solution("01_ddp_from_scratch.ipynb", "average_gradients")
+    accepts(check_average_gradients, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (average_no_divide, "is 2x the single-process gradient"),
+    (average_first_only, "fc1.bias, fc2.weight, fc2.bias still hold the rank's own local"),
+    (average_a_copy, "gradients are unchanged"),
+    (average_divide_by_two, "not by a fixed number"),
+    (average_on_rank0_only, "rank 0 failed inside a collective"),
+])
+def test_average_gradients_rejects(fn, hint, capsys):
+    rejects(check_average_gradients, fn, hint, capsys)
+
+
+# -- every check: stubs, crashes, hangs, misuse ---------------------------------------------
+
+def stub(x):
+    raise NotImplementedError("TODO: finish stub(), then run the check")
+
+
+def crashes_on_rank1(x):
+    if dist.get_rank() == 1:
+        return 1 / 0
+    return 0, 1, x
+
+
+def hangs_on_rank1(x):
+    if dist.get_rank() == 1:
+        time.sleep(60)
+    return summary_no_reduce(x)
+
+
+def test_a_stub_raises_not_implemented_naming_the_function():
+    with pytest.raises(NotImplementedError, match=r"stub\(\) is not written yet"):
+        check_rank_summary(stub)
+
+
+def test_a_crash_names_the_rank_and_its_error(capsys):
+    rejects(check_rank_summary, crashes_on_rank1, "raised an error on rank 1", capsys)
+    assert "ZeroDivisionError" in check_rank_summary(crashes_on_rank1).message
+
+
+def test_a_hang_ends_at_the_timeout_with_a_hint(capsys):
+    start = time.monotonic()
+    result = check_rank_summary(hangs_on_rank1, timeout=2)
+    assert time.monotonic() - start < 2 + 3
+    assert not result.passed
+    assert "did not finish within 2 s" in result.message
+    assert "root cause, rank 1: still running at the 2 s timeout" in result.message
+
+
+def test_passing_the_result_instead_of_the_function(capsys):
+    result = check_average_gradients(None)
+    assert not result.passed and "expects your function itself" in result.message
+
+
+def test_a_check_leaves_the_notebook_random_state_alone(capsys):
+    state = torch.get_rng_state()
+    check_broadcast_parameters(broadcast_into_copy_back)
+    check_average_gradients(average_flat)
+    assert torch.equal(torch.get_rng_state(), state)

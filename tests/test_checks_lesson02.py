@@ -1,0 +1,136 @@
+"""Lesson 02's exercise checks: each accepts the worked solution and a differently written
+correct answer, and rejects plausible wrong answers with the hint that names their symptom."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib import rank_device
+from course_lib.checks import check_pick_device, check_to_device
+from course_lib.checks.schema import course_meta
+
+SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+NOTEBOOK = "02_setup_checklist.ipynb"
+FAST = 6  # seconds
+
+
+def solution(name):
+    """The worked solution `name`, defined as the solutions notebook defines it (by value)."""
+    nb = nbformat.read(SOLUTIONS / NOTEBOOK, as_version=4)
+    namespace = {"__name__": "solutions_02"}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
+            exec(compile(cell.source, NOTEBOOK, "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def accepts(check, fn, capsys):
+    result = check(fn, timeout=FAST)
+    printed = capsys.readouterr().out
+    assert result.passed, result.message
+    assert "PASS" in printed and result.message in printed
+
+
+def rejects(check, fn, hint, capsys):
+    result = check(fn, timeout=FAST)
+    printed = capsys.readouterr().out
+    assert not result.passed
+    assert hint in result.message, result.message
+    assert result.message in printed
+
+
+# -- pick_device ----------------------------------------------------------------------------
+
+def device_by_set_device():
+    if torch.cuda.device_count() > 0:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        return "cuda"
+    return "cpu"
+
+
+def device_first_gpu():
+    return torch.device("cuda:0") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def device_global_rank():
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ["RANK"]))
+    return torch.device("cpu")
+
+
+def device_dist_rank():
+    return torch.device(f"cuda:{dist.get_rank()}" if torch.cuda.is_available() else "cpu")
+
+
+def device_no_fallback():
+    return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+
+
+def device_by_backend():
+    return rank_device()  # gloo in the check: always the CPU
+
+
+def device_as_number():
+    return int(os.environ["LOCAL_RANK"]) if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("fn", ["solution", device_by_set_device])
+def test_pick_device_accepts(fn, capsys):
+    accepts(check_pick_device, solution("pick_device") if fn == "solution" else fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (device_first_gpu, "every rank chose cuda:0"),
+    (device_global_rank, "ranks 2 and 3 chose cuda:2 and cuda:3"),
+    (device_dist_rank, "that is the global RANK"),
+    (device_no_fallback, "on a machine without GPUs, rank 0 chose cuda:0"),
+    (device_by_backend, "every rank chose the CPU"),
+    (device_as_number, "which is not a device"),
+])
+def test_pick_device_rejects(fn, hint, capsys):
+    rejects(check_pick_device, fn, hint, capsys)
+
+
+# -- to_device ------------------------------------------------------------------------------
+
+def to_device_in_one_line(model, loss_fn, x, y, device):
+    return model.to(device), loss_fn.to(device), *(t.to(device) for t in (x, y))
+
+
+def to_device_copies_dropped(model, loss_fn, x, y, device):
+    model.to(device)
+    loss_fn.to(device)
+    x.to(device)
+    y.to(device)
+    return model, loss_fn, x, y
+
+
+def to_device_loss_left(model, loss_fn, x, y, device):
+    return model.to(device), loss_fn, x.to(device), y.to(device)
+
+
+def to_device_targets_left(model, loss_fn, x, y, device):
+    return model.to(device), loss_fn.to(device), x.to(device), y
+
+
+def to_device_model_only(model, loss_fn, x, y, device):
+    return model.to(device)
+
+
+@pytest.mark.parametrize("fn", ["solution", to_device_in_one_line])
+def test_to_device_accepts(fn, capsys):
+    accepts(check_to_device, solution("to_device") if fn == "solution" else fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (to_device_copies_dropped, "rank 0: inputs on cpu, not on meta: a tensor's .to() returns"),
+    (to_device_loss_left, "loss_fn buffers on cpu, not on meta: the loss's class weight"),
+    (to_device_targets_left, "targets on cpu, not on meta"),
+    (to_device_model_only, "return the four things it was given"),
+])
+def test_to_device_rejects(fn, hint, capsys):
+    rejects(check_to_device, fn, hint, capsys)

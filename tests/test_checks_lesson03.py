@@ -1,0 +1,248 @@
+"""Lesson 03's exercise checks: each accepts the worked solution and a differently written
+correct answer, and rejects plausible wrong answers with the hint that names their symptom."""
+
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_lib.checks import check_global_accuracy, check_read_epochs, check_train_uneven
+from course_lib.checks.schema import course_meta
+
+SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+NOTEBOOK = "03_data_sharding.ipynb"
+FAST = 6  # seconds: a loop that hangs is stopped after this long
+
+
+def solution(name):
+    """The worked solution `name`, defined as the solutions notebook defines it (by value)."""
+    nb = nbformat.read(SOLUTIONS / NOTEBOOK, as_version=4)
+    namespace = {"__name__": "solutions_03"}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
+            exec(compile(cell.source, NOTEBOOK, "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def accepts(check, fn, capsys):
+    result = check(fn, timeout=FAST)
+    printed = capsys.readouterr().out
+    assert result.passed, result.message
+    assert "PASS" in printed and result.message in printed
+
+
+def rejects(check, fn, hint, capsys):
+    result = check(fn, timeout=FAST)
+    printed = capsys.readouterr().out
+    assert not result.passed
+    assert hint in result.message, result.message
+    assert result.message in printed
+
+
+# -- read_epochs ----------------------------------------------------------------------------
+
+def read_by_hand(dataset, epochs, batch_size):
+    """One shared permutation per epoch, every world_size-th index for this rank."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    read = []
+    for epoch in range(epochs):
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(epoch))
+        read.append([dataset[i][1] for i in order[rank::world_size].tolist()])
+    return read
+
+
+def loop(loader, sampler, epochs, set_epoch="before"):
+    read = []
+    for epoch in range(epochs):
+        if set_epoch == "before":
+            sampler.set_epoch(epoch)
+        read.append([i for _, index in loader for i in index.tolist()])
+        if set_epoch == "after":
+            sampler.set_epoch(epoch)
+    return read
+
+
+def read_without_sampler(dataset, epochs, batch_size):
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    return [[i for _, index in loader for i in index.tolist()] for _ in range(epochs)]
+
+
+def read_without_set_epoch(dataset, epochs, batch_size):
+    sampler = DistributedSampler(dataset)
+    return loop(DataLoader(dataset, batch_size=batch_size, sampler=sampler), sampler, epochs,
+                set_epoch="never")
+
+
+def read_set_epoch_after(dataset, epochs, batch_size):
+    sampler = DistributedSampler(dataset)
+    return loop(DataLoader(dataset, batch_size=batch_size, sampler=sampler), sampler, epochs,
+                set_epoch="after")
+
+
+def read_shuffle_twice(dataset, epochs, batch_size):
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, sampler=sampler)
+    return loop(loader, sampler, epochs)
+
+
+def read_unshuffled(dataset, epochs, batch_size):
+    sampler = DistributedSampler(dataset, shuffle=False)
+    return loop(DataLoader(dataset, batch_size=batch_size, sampler=sampler), sampler, epochs)
+
+
+def read_own_seed_per_rank(dataset, epochs, batch_size):
+    sampler = DistributedSampler(dataset, seed=dist.get_rank())  # ranks shuffle differently
+    return loop(DataLoader(dataset, batch_size=batch_size, sampler=sampler), sampler, epochs)
+
+
+@pytest.mark.parametrize("fn", ["solution", read_by_hand])
+def test_read_epochs_accepts(fn, capsys):
+    accepts(check_read_epochs, solution("read_epochs") if fn == "solution" else fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (read_without_sampler, "every rank read all 24 samples in epoch 0"),
+    (read_without_set_epoch, "in the same order in all 3 epochs: call sampler.set_epoch"),
+    (read_set_epoch_after, "read epochs 0 and 1 in the same order"),
+    (read_shuffle_twice, "mutually exclusive with shuffle"),
+    (read_unshuffled, "in increasing order in every epoch"),
+    (read_own_seed_per_rank, "were read more than once in epoch 0"),
+])
+def test_read_epochs_rejects(fn, hint, capsys):
+    rejects(check_read_epochs, fn, hint, capsys)
+
+
+# -- global_accuracy ------------------------------------------------------------------------
+
+def accuracy_by_chunks(predict, dataset):
+    """Contiguous chunks and all_gather_object instead of strided shards and all_reduce."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    per_rank = -(-len(dataset) // world_size)
+    mine = range(rank * per_rank, min(len(dataset), (rank + 1) * per_rank))
+    counts = [0, 0]
+    for i in mine:
+        x, y = dataset[i]
+        counts[0] += int(predict(x) == y)
+        counts[1] += 1
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, counts)
+    return sum(c for c, _ in everyone) / sum(t for _, t in everyone)
+
+
+def shard_counts(predict, dataset, sampler):
+    correct, total = 0, 0
+    for x, y in DataLoader(dataset, batch_size=4, sampler=sampler):
+        correct += (predict(x) == y).sum().item()
+        total += len(y)
+    return correct, total
+
+
+def accuracy_per_rank(predict, dataset):
+    correct, total = shard_counts(predict, dataset, range(dist.get_rank(), len(dataset),
+                                                          dist.get_world_size()))
+    return correct / total
+
+
+def accuracy_padded(predict, dataset):
+    counts = torch.tensor(shard_counts(predict, dataset, DistributedSampler(dataset)))
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def accuracy_dropped(predict, dataset):
+    sampler = DistributedSampler(dataset, drop_last=True)
+    counts = torch.tensor(shard_counts(predict, dataset, sampler))
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def accuracy_mean_of_ranks(predict, dataset):
+    accuracy = torch.tensor([accuracy_per_rank(predict, dataset)])
+    dist.all_reduce(accuracy)
+    return accuracy.item() / dist.get_world_size()
+
+
+def accuracy_everywhere(predict, dataset):
+    correct, total = shard_counts(predict, dataset, range(len(dataset)))
+    return correct / total
+
+
+@pytest.mark.parametrize("fn", ["solution", accuracy_by_chunks])
+def test_global_accuracy_accepts(fn, capsys):
+    fn = solution("global_accuracy") if fn == "solution" else fn
+    accepts(check_global_accuracy, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (accuracy_per_rank, "Each rank returned its own shard's accuracy"),
+    (accuracy_padded, "an accuracy over 12 samples for a dataset of 10"),
+    (accuracy_dropped, "drop_last=True leaves samples out"),
+    (accuracy_mean_of_ranks, "the mean of the ranks' accuracies"),
+    (accuracy_everywhere, "each of the 4 ranks read all 10 samples"),
+])
+def test_global_accuracy_rejects(fn, hint, capsys):
+    rejects(check_global_accuracy, fn, hint, capsys)
+
+
+# -- train_uneven ---------------------------------------------------------------------------
+
+def step(model, optimizer, x, y):
+    loss = nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def train_with_ddp_join(ddp_model, batches, optimizer):
+    with ddp_model.join():  # DDP's own context manager, the same hook as Join([ddp_model])
+        for x, y in batches:
+            step(ddp_model, optimizer, x, y)
+
+
+def train_plain(ddp_model, batches, optimizer):
+    for x, y in batches:
+        step(ddp_model, optimizer, x, y)
+
+
+def train_plain_then_barrier(ddp_model, batches, optimizer):
+    train_plain(ddp_model, batches, optimizer)
+    dist.barrier()
+
+
+def fewest_batches(batches):
+    n = torch.tensor(len(batches))
+    dist.all_reduce(n, op=dist.ReduceOp.MIN)
+    return int(n)
+
+
+def train_common_batches_only(ddp_model, batches, optimizer):
+    for _, (x, y) in zip(range(fewest_batches(batches)), batches):
+        step(ddp_model, optimizer, x, y)
+
+
+def train_extras_outside_ddp(ddp_model, batches, optimizer):
+    common = fewest_batches(batches)
+    for i, (x, y) in enumerate(batches):
+        step(ddp_model if i < common else ddp_model.module, optimizer, x, y)
+
+
+@pytest.mark.parametrize("fn", ["solution", train_with_ddp_join])
+def test_train_uneven_accepts(fn, capsys):
+    accepts(check_train_uneven, solution("train_uneven") if fn == "solution" else fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (train_plain, "Wrap the loop in Join([ddp_model])"),
+    (train_plain_then_barrier, "Wrap the loop in Join([ddp_model])"),
+    (train_common_batches_only, "rank 1 trained on 3 of its 5 batches"),
+    (train_extras_outside_ddp, "rank 1's weights differ from rank 0's"),
+])
+def test_train_uneven_rejects(fn, hint, capsys):
+    start = time.monotonic()
+    rejects(check_train_uneven, fn, hint, capsys)
+    assert time.monotonic() - start < FAST + 5

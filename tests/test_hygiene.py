@@ -1,0 +1,32 @@
+"""Committed notebooks carry no outputs or execution counts, and the code and notebooks
+pass ruff with the project's rules (pyproject.toml, [tool.ruff])."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.checks.gate import notebook_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = ("notebooks", "solutions", "exercises")
+
+
+@pytest.mark.parametrize("path", notebook_paths([str(ROOT / f) for f in FOLDERS]),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_notebook_is_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    dirty = [n for n, c in enumerate(nb.cells, start=1) if c.cell_type == "code"
+             and (c.outputs or c.execution_count is not None)]
+    assert not dirty, (f"cells {dirty} have outputs or execution counts: clear them "
+                       "(JupyterLab: Edit > Clear Outputs of All Cells) before committing")
+
+
+def test_ruff_passes_on_the_library_and_the_notebooks():
+    targets = [str(ROOT / "course_lib")] + [str(ROOT / f) for f in FOLDERS if (ROOT / f).exists()]
+    ruff = Path(sys.executable).with_name("ruff")
+    done = subprocess.run([str(ruff), "check", "--no-cache", *targets], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
