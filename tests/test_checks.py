@@ -3,12 +3,11 @@ differently written correct answer, and rejects plausible wrong answers with the
 
 import os
 import time
-from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
+from checking import accepts, load_solution, rejects
 
 from course_lib.checks import (
     check_average_gradients,
@@ -16,34 +15,9 @@ from course_lib.checks import (
     check_rank_summary,
     check_same_random,
 )
-from course_lib.checks.schema import course_meta
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+solution = load_solution
 
-
-def solution(notebook: str, name: str):
-    """The worked solution `name` from solutions/<notebook>, run as the notebook defines it."""
-    nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
-    namespace = {"__name__": f"solutions_{notebook.split('_')[0]}"}  # not importable: by value
-    for cell in nb.cells:
-        if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
-            exec(compile(cell.source, notebook, "exec"), namespace)  # noqa: S102
-    return namespace[name]
-
-
-def accepts(check, fn, capsys):
-    result = check(fn)
-    printed = capsys.readouterr().out
-    assert result.passed, result.message
-    assert "PASS" in printed and result.message in printed
-
-
-def rejects(check, fn, hint, capsys):
-    result = check(fn)
-    printed = capsys.readouterr().out
-    assert not result.passed
-    assert hint in result.message, result.message
-    assert result.message in printed
 
 
 # -- lesson 00: rank_summary ----------------------------------------------------------------

@@ -2,46 +2,22 @@
 correct answer, and rejects plausible wrong answers with the hint that names their symptom."""
 
 import time
-from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
+from checking import check_helpers
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_lib.checks import check_global_accuracy, check_read_epochs, check_train_uneven
-from course_lib.checks.schema import course_meta
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
 NOTEBOOK = "03_data_sharding.ipynb"
 FAST = 6  # seconds: a loop that hangs is stopped after this long
 
 
-def solution(name):
-    """The worked solution `name`, defined as the solutions notebook defines it (by value)."""
-    nb = nbformat.read(SOLUTIONS / NOTEBOOK, as_version=4)
-    namespace = {"__name__": "solutions_03"}
-    for cell in nb.cells:
-        if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
-            exec(compile(cell.source, NOTEBOOK, "exec"), namespace)  # noqa: S102
-    return namespace[name]
+solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
 
-
-def accepts(check, fn, capsys):
-    result = check(fn, timeout=FAST)
-    printed = capsys.readouterr().out
-    assert result.passed, result.message
-    assert "PASS" in printed and result.message in printed
-
-
-def rejects(check, fn, hint, capsys):
-    result = check(fn, timeout=FAST)
-    printed = capsys.readouterr().out
-    assert not result.passed
-    assert hint in result.message, result.message
-    assert result.message in printed
 
 
 # -- read_epochs ----------------------------------------------------------------------------

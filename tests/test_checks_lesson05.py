@@ -1,45 +1,21 @@
 """Lesson 05's checks accept the worked solutions and differently written correct answers, and
 reject plausible wrong answers, each with the hint that names what went wrong."""
 
-from pathlib import Path
 
-import nbformat
 import pytest
 import torch
 import torch.distributed as dist
+from checking import check_helpers
 
 from course_lib.checks import check_evaluate, check_global_batch_stats
-from course_lib.checks.schema import course_meta
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
 NOTEBOOK = "05_batchnorm_and_buffers.ipynb"
 FAST = 6  # seconds: wrong answers that desynchronise ranks fail fast, never wait this long
 EVAL_TIMEOUT = 20  # the evaluate check trains a DDP model first; its hangs end after 2 s
 
 
-def solution(name):
-    """The worked solution `name`, defined as the solutions notebook defines it (by value)."""
-    nb = nbformat.read(SOLUTIONS / NOTEBOOK, as_version=4)
-    namespace = {"__name__": "solutions_05"}
-    for cell in nb.cells:
-        if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
-            exec(compile(cell.source, NOTEBOOK, "exec"), namespace)  # noqa: S102
-    return namespace[name]
+solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
 
-
-def accepts(check, fn, capsys, timeout=FAST):
-    result = check(fn, timeout=timeout)
-    printed = capsys.readouterr().out
-    assert result.passed, result.message
-    assert "PASS" in printed and result.message in printed
-
-
-def rejects(check, fn, hint, capsys, timeout=FAST):
-    result = check(fn, timeout=timeout)
-    printed = capsys.readouterr().out
-    assert not result.passed
-    assert hint in result.message, result.message
-    assert result.message in printed
 
 
 # -- global_batch_stats -----------------------------------------------------------------------

@@ -3,7 +3,7 @@ or hang into a hint, and show one CheckResult."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from course_lib.checks.result import CheckResult
@@ -19,21 +19,39 @@ class Rejected(Exception):
 
 
 def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
-             timeout: float = CHECK_TIMEOUT) -> list[Any]:
-    """Results of runner(fn, *args) on each of `world_size` fresh ranks.
+             timeout: float = CHECK_TIMEOUT, pg_timeout: float | None = None,
+             known: Sequence[tuple[str, str]] = ()) -> list[Any]:
+    """Results of runner(fn, *args) on each of `world_size` fresh CPU (gloo) ranks, on any
+    machine: the exercises are CPU exercises.
 
     Raises NotImplementedError when fn is still the exercise stub, Rejected with a hint
-    when any rank crashed or hung."""
+    when any rank crashed or hung. A failure whose text (message, traceback or hung stack)
+    contains a `known` fragment gets that fragment's hint (checked in order) first."""
     try:
-        run = launch(runner, world_size, args=(fn, *args), timeout=timeout, echo=False)
+        run = launch(runner, world_size, args=(fn, *args), timeout=timeout, backend="gloo",
+                     pg_timeout=pg_timeout, echo=False)
     except DistributedError as err:
         name = getattr(fn, "__name__", "your function")
         if any(f.error_type == "NotImplementedError" for f in err.failures):
             raise NotImplementedError(
                 f"{name}() is not written yet: replace its TODO with your code, run that "
                 "cell, then run this check again.") from None
-        raise Rejected(explain(err, name, world_size, timeout)) from None
+        raise Rejected(_known_hint(err, known) or explain(err, name, world_size, timeout)) \
+            from None
     return run.results
+
+
+def _known_hint(err: DistributedError, known: Sequence[tuple[str, str]]) -> str | None:
+    """The hint of the first `known` fragment that some rank's error or stack shows."""
+    for fragment, hint in known:
+        showing = [f for f in err.failures if fragment in f"{f.message}\n{f.traceback}\n{f.stack}"]
+        if showing:  # the rank whose error or stack shows it, e.g. the one stuck inside
+            return f"{hint}\n  rank {showing[0].rank}: {shorten(showing[0].summary)}"
+    return None
+
+
+def shorten(text: str, limit: int = SUMMARY_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def explain(err: DistributedError, name: str, world_size: int, timeout: float) -> str:
@@ -50,9 +68,7 @@ def explain(err: DistributedError, name: str, world_size: int, timeout: float) -
                 "all_reduce or broadcast.")
     else:
         hint = f"{name}() raised an error on rank {root.rank} (of {world_size} ranks)."
-    summary = root.summary if len(root.summary) <= SUMMARY_CHARS else \
-        root.summary[: SUMMARY_CHARS - 3] + "..."
-    return f"{hint}\n  root cause, rank {root.rank}: {summary}"
+    return f"{hint}\n  root cause, rank {root.rank}: {shorten(root.summary)}"
 
 
 def run_check(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:

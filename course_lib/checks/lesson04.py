@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -13,9 +13,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, explain, run_check
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, on_ranks, run_check
 from course_lib.checks.result import CheckResult
-from course_lib.launch import DistributedError, launch
 
 WRAP_WORLD_SIZE = 2
 TASKS = "aabab"  # step 0 leaves head_b unused; the set of used heads changes from step 2 on
@@ -34,35 +33,6 @@ WRAP_ERRORS = (
      "job switches between the heads (\"Your training graph has changed in this "
      "iteration\"). Use find_unused_parameters=True, which finds the unused ones every step."),
 )
-
-
-def run_on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
-                 timeout: float = CHECK_TIMEOUT, pg_timeout: float | None = None,
-                 known: Sequence[tuple[str, str]] = ()) -> list[Any]:
-    """Like common.on_ranks, on the CPU (gloo) on any machine, with an optional process-group
-    timeout; a failure whose text (message, traceback or hung stack) contains a `known`
-    fragment gets that fragment's hint (checked in order) before the general explanation."""
-    try:
-        run = launch(runner, world_size, args=(fn, *args), timeout=timeout, backend="gloo",
-                     pg_timeout=pg_timeout, echo=False)
-    except DistributedError as err:
-        name = getattr(fn, "__name__", "your function")
-        if any(f.error_type == "NotImplementedError" for f in err.failures):
-            raise NotImplementedError(
-                f"{name}() is not written yet: replace its TODO with your code, run that "
-                "cell, then run this check again.") from None
-        for fragment, hint in known:
-            showing = [f for f in err.failures
-                       if fragment in f"{f.message}\n{f.traceback}\n{f.stack}"]
-            if showing:  # the rank whose error or stack shows it, e.g. the one stuck inside
-                root = showing[0]
-                raise Rejected(f"{hint}\n  rank {root.rank}: {_short(root.summary)}") from None
-        raise Rejected(explain(err, name, world_size, timeout)) from None
-    return run.results
-
-
-def _short(text: str, limit: int = 300) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # -- wrap_model(model) -> a DDP model that trains a multi-task network ------------------------
@@ -124,7 +94,7 @@ def check_wrap_model(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResul
     """fn(model) must return the model wrapped in DDP so that a job switching between the
     two heads trains on every rank exactly as one process does on the whole batches."""
     def judge() -> str:
-        results = run_on_ranks(_wrap_on_rank, fn, WRAP_WORLD_SIZE, timeout=timeout,
+        results = on_ranks(_wrap_on_rank, fn, WRAP_WORLD_SIZE, timeout=timeout,
                                known=WRAP_ERRORS)
         _judge_wrap(results, reference_weights())
         return (f"trained {len(TASKS)} steps of tasks {', '.join(TASKS)} on "
@@ -209,7 +179,7 @@ def check_gradient_differences(fn: Callable, timeout: float = CHECK_TIMEOUT) -> 
     def judge() -> str:
         n = DIFF_WORLD_SIZE
         for desync in (False, True):
-            results = run_on_ranks(_differences_on_rank, fn, n, (desync,), timeout)
+            results = on_ranks(_differences_on_rank, fn, n, (desync,), timeout)
             _judge_differences(results, true_differences(n, desync),
                                from_rank0_differences(n, desync))
         found = true_differences(n, True)

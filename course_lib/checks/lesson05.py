@@ -13,8 +13,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, run_check
-from course_lib.checks.lesson04 import run_on_ranks
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, on_ranks, run_check
 from course_lib.checks.result import CheckResult
 
 STATS_SIZES = (2, 5, 3)  # rows per rank: unequal, so a plain average of averages is wrong
@@ -50,7 +49,7 @@ def check_global_batch_stats(fn: Callable, timeout: float = CHECK_TIMEOUT) -> Ch
     """fn(x), given this rank's rows x of shape (N, C), must return on every rank the
     per-channel (mean, biased variance) of all ranks' rows together."""
     def judge() -> str:
-        results = run_on_ranks(_stats_on_rank, fn, len(STATS_SIZES), timeout=timeout)
+        results = on_ranks(_stats_on_rank, fn, len(STATS_SIZES), timeout=timeout)
         _judge_stats(results)
         return (f"on {len(STATS_SIZES)} ranks with {', '.join(map(str, STATS_SIZES))} rows, "
                 "every rank returned the mean and variance of all rows together.")
@@ -163,7 +162,7 @@ def check_evaluate(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
     at a barrier: it must return the eval-mode accuracy, without hanging, and leave the
     model in training mode with its running statistics unchanged."""
     def judge() -> str:
-        results = run_on_ranks(_evaluate_on_rank, fn, EVAL_WORLD_SIZE, timeout=timeout,
+        results = on_ranks(_evaluate_on_rank, fn, EVAL_WORLD_SIZE, timeout=timeout,
                                pg_timeout=EVAL_PG_TIMEOUT, known=EVAL_ERRORS)
         want = _judge_evaluate(results[0])
         return (f"rank 0 evaluated on its own (accuracy {want:.3f}, as in eval mode) while "

@@ -1,0 +1,46 @@
+"""Shared by the exercise-check tests: load a worked solution from its notebook, and assert
+that a check accepts or rejects (with the right hint) what it is given."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import nbformat
+
+from course_lib.checks.schema import course_meta
+
+SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+
+
+def load_solution(notebook: str, name: str) -> Callable:
+    """The worked solution `name` from solutions/<notebook>, run as the notebook defines it
+    (in a namespace that is not importable, so it travels to the ranks by value)."""
+    nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
+    namespace = {"__name__": f"solutions_{notebook.split('_')[0]}"}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
+            exec(compile(cell.source, notebook, "exec"), namespace)  # noqa: S102
+    return namespace[name]
+
+
+def accepts(check, fn, capsys, timeout: float | None = None) -> None:
+    result = check(fn) if timeout is None else check(fn, timeout=timeout)
+    printed = capsys.readouterr().out
+    assert result.passed, result.message
+    assert "PASS" in printed and result.message in printed
+
+
+def rejects(check, fn, hint, capsys, timeout: float | None = None) -> None:
+    result = check(fn) if timeout is None else check(fn, timeout=timeout)
+    printed = capsys.readouterr().out
+    assert not result.passed
+    assert hint in result.message, result.message
+    assert result.message in printed
+
+
+def check_helpers(notebook: str, timeout: float | None = None):
+    """(solution, accepts, rejects) bound to one solutions notebook and check timeout."""
+    return (partial(load_solution, notebook), partial(accepts, timeout=timeout),
+            partial(rejects, timeout=timeout))
