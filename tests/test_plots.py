@@ -225,4 +225,17 @@ def test_every_plot_renders_a_real_run(tmp_path):
         assert fig._suptitle is not None or fig.axes[0].get_title()
         fig.savefig(tmp_path / f"{i}.png", dpi=50)
     assert "identical on every rank" in figures[0].axes[1].get_title()
-    assert "0 indices read more than once, 0 indices not read" in figures[2].axes[0].get_title(loc="left")
+    title = figures[2].axes[0].get_title(loc="left")
+    assert "0 indices read more than once, 0 indices not read" in title
+
+
+def test_batchnorm_explorer_offers_layers_and_channels(monkeypatch):
+    shown = []
+    monkeypatch.setattr(explore, "display", shown.append)
+    tel = telemetry.Telemetry.from_payloads([_payload(r, batchnorm=_bn_rows(r)) for r in (0, 1)])
+    controls, toggles, _ = plots.batchnorm_explorer(tel).children
+    layer, channel = controls.children
+    assert list(layer.options) == ["bn"] and (channel.min, channel.max) == (0, 1)
+    assert len(toggles.children) == 2 and isinstance(shown[0], Figure)
+    channel.value = 1  # draws channel 1 into the output widget
+    assert len(shown) == 2 and "channel 1" in shown[1]._suptitle.get_text()

@@ -94,7 +94,8 @@ class Recorder:
                   hook: Callable | None = None, state: Any = None, grads: bool = True) -> None:
         """Record every all-reduce DDP issues and, with `grads`, gradients before and after it.
 
-        Installs a comm hook around DDP's default all-reduce, or around `hook` (with `state`).
+        Installs a comm hook that runs DDP's default all-reduce, or `hook` (with `state`).
+        `grads` reads every gradient twice a step; grads=False records the calls only.
         """
         if self.enabled:
             comm.watch(self, ddp_model, hook, state, grads)
