@@ -343,6 +343,7 @@ def test_profiler_traces_load_into_spans_and_comms(tmp_path):
 # -- without the launcher: files per rank ---------------------------------------------------
 
 TORCHRUN_SCRIPT = """
+import gc
 import torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -357,6 +358,7 @@ for step in range(2):
         model(torch.randn(3, 4)).sum().backward()
         rec.scalar("rank", dist.get_rank())
 del model
+gc.collect()  # DDP sits in a reference cycle: free it before its process group goes
 dist.destroy_process_group()
 """
 
