@@ -15,8 +15,10 @@ SCRIPT = Path(__file__).with_name("interrupt_script.py")
 def _start(tmp_path, rounds):
     for i in range(rounds):
         (tmp_path / str(i)).mkdir()
+    (tmp_path / "tmp").mkdir()  # the script's own temporary folder
     return subprocess.Popen([sys.executable, str(SCRIPT), str(tmp_path), str(rounds)],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
 
 
 def _worker_pids(folder: Path, timeout: float = 60) -> set[int]:
@@ -59,5 +61,6 @@ def test_workers_exit_when_their_kernel_dies(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         assert _gone_within(pids, 5), f"workers {alive(pids)} outlived their kernel"
+        assert not list((tmp_path / "tmp").glob("course_lib-*")), "launch folder left behind"
     finally:
         proc.kill()

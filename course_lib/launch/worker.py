@@ -9,6 +9,7 @@ from __future__ import annotations
 import faulthandler
 import gc
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -62,7 +63,7 @@ def run_worker(
     os.setpgrp()  # own process group: the kernel kills us with our DataLoader children
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts
     _redirect_output(stdout_w, stderr_w)
-    _exit_when_kernel_dies(alive_r)
+    _exit_when_kernel_dies(alive_r, os.path.dirname(spec.store_path))
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     os.environ.update(spec.env)
@@ -192,14 +193,16 @@ def _redirect_output(stdout_w: Connection, stderr_w: Connection) -> None:
     sys.stderr.reconfigure(line_buffering=True)
 
 
-def _exit_when_kernel_dies(alive_r: Connection) -> None:
-    """Kill this rank and its children when the kernel's end of the pipe closes."""
+def _exit_when_kernel_dies(alive_r: Connection, launch_dir: str) -> None:
+    """Kill this rank and its children when the kernel's end of the pipe closes, removing
+    the launch's temporary folder, which a dead kernel cannot remove."""
 
     def watch() -> None:
         try:
             alive_r.recv_bytes()
         except (EOFError, OSError):
             pass
+        shutil.rmtree(launch_dir, ignore_errors=True)
         os.killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="course_lib-kernel-watch", daemon=True).start()
