@@ -9,6 +9,10 @@ PYTHON="${PYTHON:-.venv/bin/python}"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO=sudo
 if ! command -v chromium >/dev/null 2>&1; then
+    if ! command -v apt-get >/dev/null 2>&1; then
+        echo "no apt-get here (not Debian/Ubuntu): the browser check will be skipped"
+        exit 0
+    fi
     $SUDO apt-get update
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 fi
