@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib import DistributedError, launch
-from course_lib.launch import launcher
-from course_lib.launch.payload import UnpicklableError
+from course_lib.launching import launcher
+from course_lib.launching.payload import UnpicklableError
 
 
 def _fails_on_rank_1():
@@ -31,7 +31,7 @@ def test_exception_on_one_rank_names_it_first_with_learner_frames():
     assert "bad batch on rank 1" in str(err) and "First failure: rank 1" in str(err)
     assert 'raise ValueError("bad batch on rank 1")' in first.traceback  # source shown
     assert "_fails_on_rank_1" in first.traceback.splitlines()[1]  # learner's frame first
-    assert "course_lib/launch" not in first.traceback
+    assert "course_lib/launching" not in first.traceback
     assert first.output_tail == ["about to fail"]
     assert isinstance(err, RuntimeError)
 

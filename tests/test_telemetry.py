@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib import launch, telemetry
-from course_lib.launch import net
+from course_lib.launching import net
 
 # -- gradients before and after DDP's all-reduce ------------------------------------------
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from course_lib.launch.worker import register_collector
+from course_lib.collectors import register_collector
 from course_lib.telemetry.schema import COLUMNS
 
 if TYPE_CHECKING:

@@ -16,18 +16,18 @@ from typing import Any
 
 import cloudpickle
 
-from course_lib.launch import net
-from course_lib.launch.payload import pack
-from course_lib.launch.report import (
+from course_lib.launching import net
+from course_lib.launching.forkserver import Worker, dump_stacks, kill, reap, start_worker
+from course_lib.launching.payload import pack
+from course_lib.launching.rank_main import LAUNCH_DIR, WorkerSpec
+from course_lib.launching.report import (
     DistributedError,
     RankFailure,
     annotate_stack,
     root_cause_first,
 )
-from course_lib.launch.run import LogLine, Run
-from course_lib.launch.validate import check_launch_args, check_seconds, choose_backend
-from course_lib.launch.worker import LAUNCH_DIR, WorkerSpec
-from course_lib.launch.workers import Worker, dump_stacks, kill, reap, start_worker
+from course_lib.launching.run import LogLine, Run
+from course_lib.launching.validate import check_launch_args, check_seconds, choose_backend
 
 # After one rank fails, the others get this long to report their own errors
 # (a peer's "Connection closed" arrives within milliseconds) before they are stopped.
@@ -208,11 +208,9 @@ class _Launch:
                   logs=self.logs, wall_time=wall_time)
         failures = [f for f in (self._failure(w) for w in self.workers) if f]
         for w in self.workers:
-            value, extras = (None, {})
-            if w.result is not None and not failures:
-                value, extras = cloudpickle.loads(w.result)
-            run.results.append(value)
-            run.extras.append(extras or (w.error or {}).get("extras", {}))
+            value, extras = w.result or (None, (w.error or {}).get("extras"))
+            run.results.append(cloudpickle.loads(value) if value and not failures else None)
+            run.extras.append(cloudpickle.loads(extras) if extras else {})
             run.timings.append(w.timings)
         if failures:
             err = DistributedError(self._headline(failures), failures, self.timed_out)

@@ -16,7 +16,7 @@ from multiprocessing import context, popen_forkserver, spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from course_lib.launch.worker import WorkerSpec, run_worker
+from course_lib.launching.rank_main import WorkerSpec, run_worker
 
 _context: Any = None
 
@@ -26,7 +26,7 @@ def forkserver_context() -> Any:
     global _context
     if _context is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["course_lib.launch.worker"])
+        ctx.set_forkserver_preload(["course_lib.launching.rank_main"])
         _context = ctx
     return _context
 

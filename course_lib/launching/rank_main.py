@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
@@ -24,17 +23,9 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from course_lib.collectors import collect_all
+
 LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
-
-# name -> function returning plain picklable data, sent back with the rank's result.
-# course_lib.telemetry registers itself here; nothing registered costs nothing.
-_collectors: dict[str, Callable[[], Any]] = {}
-
-
-def register_collector(name: str, collect: Callable[[], Any]) -> None:
-    """Send `collect()` back to the kernel with every rank's result (see Run.extras)."""
-    _collectors[name] = collect
-
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -98,25 +89,35 @@ def _run(spec: WorkerSpec, payload: bytes, messages: Connection) -> int:
 
 
 def _send_result(messages: Connection, value: Any) -> int:
+    """Send the return value and the collectors' data, pickled apart so that a failure in
+    one is never reported as the other."""
+    extras = _extras_or_warning()
     try:
-        data = cloudpickle.dumps((value, _collect_extras()))
-    except Exception as exc:  # noqa: BLE001
+        data = cloudpickle.dumps(value)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the same message
         err = TypeError(
             f"the function returned a {type(value).__name__} that cannot be sent back to "
             f"the notebook ({exc}). Return plain data instead: numbers, lists, dicts, "
             "tensors (detached, on the CPU) or a model's state_dict()."
         )
-        _send_error(messages, err.with_traceback(None))
+        _send_error(messages, err.with_traceback(None), extras)
         return 1
-    messages.send(("result", data))
+    messages.send(("result", (data, extras)))
     return 0
 
 
-def _collect_extras() -> dict[str, Any]:
-    return {name: collect() for name, collect in _collectors.items()}
+def _extras_or_warning() -> bytes:
+    """The registered collectors' data (telemetry), pickled. Their failure is not the
+    learner's: one warning line on this rank's output, and the run goes on without it."""
+    try:
+        return cloudpickle.dumps(collect_all())
+    except Exception as exc:  # noqa: BLE001 - any failure: warn, never lose the result
+        print(f"course_lib warning: this rank's telemetry could not be sent back "
+              f"({type(exc).__name__}: {exc}); run.telemetry leaves it out.", file=sys.stderr)
+        return cloudpickle.dumps({})
 
 
-def _send_error(messages: Connection, exc: BaseException) -> None:
+def _send_error(messages: Connection, exc: BaseException, extras: bytes | None = None) -> None:
     """Describe the exception for the kernel; the traceback is formatted there, with source."""
     tbe = traceback.TracebackException.from_exception(exc, lookup_lines=False)
     tbe.stack = traceback.StackSummary.from_list(
@@ -127,10 +128,7 @@ def _send_error(messages: Connection, exc: BaseException) -> None:
         info["traceback"] = cloudpickle.dumps(tbe)
     except Exception:  # noqa: BLE001 - an odd exception class: fall back to text
         info["text"] = "".join(tbe.format())
-    try:
-        info["extras"] = _collect_extras()
-    except Exception:  # noqa: BLE001
-        info["extras"] = {}
+    info["extras"] = extras if extras is not None else _extras_or_warning()
     messages.send(("error", info))
     del tbe
     traceback.clear_frames(exc.__traceback__)  # frames may hold DDP objects

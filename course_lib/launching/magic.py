@@ -14,9 +14,9 @@ import torch.distributed as dist
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from course_lib.launch.launcher import launch
-from course_lib.launch.payload import UnpicklableError
-from course_lib.teach.devices import rank_device
+from course_lib.launching.devices import rank_device
+from course_lib.launching.launcher import launch
+from course_lib.launching.payload import UnpicklableError
 
 RANK_NAMES = ("rank", "world_size", "local_rank", "device")
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
