@@ -1,32 +1,104 @@
-"""Shared by every exercise check: run the learner's function on real ranks, turn a crash
-or hang into a hint, and show one CheckResult."""
+"""Shared by every exercise check: run the learner's function on real ranks at several world
+sizes, turn a crash or hang into a Rejected that carries the failure as fields, compare with
+the true result at one tolerance, and show one CheckResult."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from course_lib.checks.result import CheckResult
-from course_lib.launch import DistributedError, launch
+import torch
 
-# Seconds a check waits for the learner's function; a hang ends with a hint, not a stuck kernel.
-CHECK_TIMEOUT = 15.0
+from course_lib.checks.result import CheckResult
+from course_lib.launching import DistributedError, launch
+
+# Seconds one launch of a check may run before its ranks are stopped and the learner gets a
+# hint (a hang never leaves a stuck kernel). Measured on 2 shared cores: the slowest worked
+# solution's launch took 1.8 s (check_to_device and check_rank_summary, which also start the
+# forkserver); a correct read_epochs reading with DataLoader(num_workers=2) took about 5 s per
+# launch on an idle machine and 11-33 s while six other jobs shared the 2 cores. 60 s leaves
+# correct work a 12x margin on an idle slow laptop; a hang costs the learner this long.
+CHECK_TIMEOUT = 60.0
+# The world sizes a check runs at by default: two at least, one of them 3 or 4, so that an
+# answer right at one size only ("the other rank" as 1 - rank, a hard-coded 2) is caught.
+WORLD_SIZES = (2, 3)
+# One tolerance for every comparison with the true result (torch.allclose's rule,
+# |got - want| <= ATOL + RTOL * |want|). The ranks add float32 partial sums in another order
+# than the one-process reference, which moves a result by a few float32 ulps (1.2e-7
+# relative each); RTOL 1e-4 leaves room for that, while every mistake a check names is off
+# by far more (a factor of the world size, another rank's data). ATOL covers values near 0.
+RTOL, ATOL = 1e-4, 1e-6
 SUMMARY_CHARS = 300
 
 
+@dataclass(frozen=True)
+class Failure:
+    """How the learner's function failed on the ranks, as fields a hint can branch on."""
+
+    function: str  # the learner's function's name
+    world_size: int
+    rank: int  # the root-cause rank
+    kind: str  # what happened to it: "exception", "exit", "signal", "timeout" or "stopped"
+    error_type: str  # e.g. "RuntimeError"; "" when the rank hung or died without one
+    message: str  # the error's message ("" when none)
+    summary: str  # one line: the error, or how the rank ended
+    consequence: bool  # the root cause looks caused by another rank (peer gone, stopped)
+    timed_out: bool  # the check's time limit ran out with a rank still running
+    limit: float  # that time limit, in seconds
+    ranks: tuple[int, ...]  # every rank that failed, root cause first
+    error: DistributedError = field(repr=False, compare=False)  # all of it, for `shows`
+
+    @classmethod
+    def of(cls, err: DistributedError, function: str, world_size: int,
+           limit: float) -> Failure:
+        root = err.failures[0]
+        return cls(function, world_size, root.rank, root.kind, root.error_type, root.message,
+                   root.summary, root.is_consequence, err.timed_out, limit,
+                   tuple(err.ranks), err)
+
+    def shows(self, fragment: str) -> int | None:
+        """The first rank whose error, traceback or hung stack contains `fragment`."""
+        for f in self.error.failures:
+            if fragment in f"{f.message}\n{f.traceback}\n{f.stack}":
+                return f.rank
+        return None
+
+    def details(self) -> str:
+        """The lines every failure hint ends with: the root cause, and the time limit when
+        it was hit (so a slow but correct answer is told it ran out of time)."""
+        lines = [f"  root cause, rank {self.rank}: {shorten(self.summary)}"]
+        if self.timed_out:
+            lines.append(f"  (the check stops the ranks after {self.limit:g} s; pass a longer "
+                         "timeout=... to the check if your machine is slow)")
+        return "\n".join(lines)
+
+    def explained(self, hint: str) -> str:
+        """`hint`, followed by the details."""
+        return f"{hint}\n{self.details()}"
+
+
 class Rejected(Exception):
-    """A wrong answer: the message is the hint the learner sees."""
+    """A wrong answer: the message is the hint the learner sees. `failure` holds how the ranks
+    failed when the answer crashed or hung; None when it returned a wrong result."""
+
+    def __init__(self, hint: str, failure: Failure | None = None) -> None:
+        super().__init__(hint)
+        self.failure = failure
 
 
 def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
              timeout: float = CHECK_TIMEOUT, pg_timeout: float | None = None,
              known: Sequence[tuple[str, str]] = ()) -> list[Any]:
-    """Results of runner(fn, *args) on each of `world_size` fresh CPU (gloo) ranks, on any
-    machine: the exercises are CPU exercises.
+    """Results of runner(fn, *args) on each of `world_size` fresh CPU (gloo) ranks, in rank
+    order, on any machine: the exercises are CPU exercises.
 
-    Raises NotImplementedError when fn is still the exercise stub, Rejected with a hint
-    when any rank crashed or hung. A failure whose text (message, traceback or hung stack)
-    contains a `known` fragment gets that fragment's hint (checked in order) first."""
+    `runner` is a module-level function (it travels by reference) that sets the scene on
+    the rank and calls fn. Raises NotImplementedError when fn is still the exercise stub,
+    and Rejected(hint, failure) when a rank crashed or hung: a caller that knows a better
+    hint catches it and branches on `failure`'s fields. `known` pairs a fragment of
+    *PyTorch's* error text (e.g. DDP's "Expected to have finished reduction") with the hint
+    it deserves; never match the wording of our own messages, branch on fields instead."""
     try:
         run = launch(runner, world_size, args=(fn, *args), timeout=timeout, backend="gloo",
                      pg_timeout=pg_timeout, echo=False)
@@ -36,17 +108,31 @@ def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
             raise NotImplementedError(
                 f"{name}() is not written yet: replace its TODO with your code, run that "
                 "cell, then run this check again.") from None
-        raise Rejected(_known_hint(err, known) or explain(err, name, world_size, timeout)) \
-            from None
+        failure = Failure.of(err, name, world_size, timeout)
+        raise Rejected(failure.explained(_known_hint(failure, known) or explain(failure)),
+                       failure) from None
     return run.results
 
 
-def _known_hint(err: DistributedError, known: Sequence[tuple[str, str]]) -> str | None:
-    """The hint of the first `known` fragment that some rank's error or stack shows."""
+def at_world_sizes(runner: Callable, fn: Callable, sizes: Sequence[int] = WORLD_SIZES,
+                   args: tuple | Callable[[int], tuple] = (), timeout: float = CHECK_TIMEOUT,
+                   **options: Any) -> Iterator[tuple[int, list[Any]]]:
+    """(world_size, results of on_ranks) for each size in turn; `args` may be a function of
+    the world size. Refuses sizes that would let a size-specific answer pass."""
+    if len(set(sizes)) < 2 or not {3, 4} & set(sizes):
+        raise ValueError(f"world sizes {tuple(sizes)}: a check runs at two sizes at least, "
+                         "one of them 3 or 4")
+    for n in sizes:
+        yield n, on_ranks(runner, fn, n, args(n) if callable(args) else args, timeout,
+                          **options)
+
+
+def _known_hint(failure: Failure, known: Sequence[tuple[str, str]]) -> str | None:
+    """The hint of the first `known` fragment some rank's error or stack shows."""
     for fragment, hint in known:
-        showing = [f for f in err.failures if fragment in f"{f.message}\n{f.traceback}\n{f.stack}"]
-        if showing:  # the rank whose error or stack shows it, e.g. the one stuck inside
-            return f"{hint}\n  rank {showing[0].rank}: {shorten(showing[0].summary)}"
+        rank = failure.shows(fragment)
+        if rank is not None:
+            return hint if rank == failure.rank else f"{hint}\n  (seen on rank {rank})"
     return None
 
 
@@ -54,21 +140,19 @@ def shorten(text: str, limit: int = SUMMARY_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def explain(err: DistributedError, name: str, world_size: int, timeout: float) -> str:
-    """A hint for a failed launch, naming the root-cause rank and what happened to it."""
-    root = err.failures[0]
-    if err.timed_out:
-        hint = (f"{name}() did not finish within {timeout:g} s on {world_size} ranks: a rank is "
+def explain(failure: Failure) -> str:
+    """The default hint for a failed launch, from its fields."""
+    name, n = failure.function, failure.world_size
+    if failure.timed_out:
+        return (f"{name}() did not finish within {failure.limit:g} s on {n} ranks: a rank is "
                 "probably waiting in a collective that another rank never calls. Every rank "
                 "must call the same collectives in the same order.")
-    elif root.is_consequence:
-        hint = (f"rank {root.rank} failed inside a collective, waiting for the other ranks: "
+    if failure.consequence:
+        return (f"rank {failure.rank} failed inside a collective, waiting for the other ranks: "
                 "every rank must make the same collective calls with the same arguments "
                 "(same src, same shapes) in the same order; no `if rank == 0:` around "
                 "all_reduce or broadcast.")
-    else:
-        hint = f"{name}() raised an error on rank {root.rank} (of {world_size} ranks)."
-    return f"{hint}\n  root cause, rank {root.rank}: {shorten(root.summary)}"
+    return f"{name}() raised an error on rank {failure.rank} (of {n} ranks)."
 
 
 def run_check(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
@@ -86,6 +170,32 @@ def run_check(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
     return result
 
 
-def close(a: Any, b: Any, tol: float = 1e-5) -> bool:
-    """Floats equal up to a relative tolerance (for sums computed in a different order)."""
-    return abs(float(a) - float(b)) <= tol * max(1.0, abs(float(b)))
+# -- comparing with the true result -----------------------------------------------------------
+
+def close(a: Any, b: Any, rtol: float = RTOL, atol: float = ATOL) -> bool:
+    """Numbers equal up to the tolerance, `b` being the true value."""
+    return abs(float(a) - float(b)) <= atol + rtol * abs(float(b))
+
+
+def same(got: Any, want: torch.Tensor, rtol: float = RTOL, atol: float = ATOL) -> bool:
+    """`got` is a tensor of `want`'s shape whose values match (compared in float64)."""
+    return (isinstance(got, torch.Tensor) and got.shape == want.shape
+            and torch.allclose(got.detach().cpu().double(), want.detach().cpu().double(),
+                               rtol=rtol, atol=atol))
+
+
+def differing(got: dict[str, Any], want: dict[str, torch.Tensor], rtol: float = RTOL,
+              atol: float = ATOL) -> list[str]:
+    """Names of `want`'s tensors that `got` lacks or holds with other values."""
+    return [k for k, w in want.items() if not same(got.get(k), w, rtol, atol)]
+
+
+def state_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of the model's state_dict, unchanged by later training."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def listing(items: Iterable[Any]) -> str:
+    """'2', '2 and 3', '2, 3 and 4': world sizes or ranks in a sentence."""
+    words = [str(x) for x in items]
+    return " and ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} and {words[-1]}"
