@@ -50,6 +50,14 @@ def _indices(rank: int, got: Any, epochs: int) -> list[list[int]]:
 
 # -- read_epochs(dataset, epochs, batch_size) -> list of index lists ------------------------
 
+# (fragment of PyTorch's error, hint): DataLoader's ValueError for a sampler with shuffle=True.
+READ_ERRORS = (
+    ("mutually exclusive with shuffle",
+     "DataLoader refused to be built: 'sampler option is mutually exclusive with shuffle'. "
+     "The DistributedSampler shuffles; leave shuffle out of the DataLoader."),
+)
+
+
 def _read_on_rank(fn: Callable, n: int, epochs: int, batch_size: int) -> Any:
     return fn(IndexData(n), epochs, batch_size)
 
@@ -59,15 +67,8 @@ def check_read_epochs(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResu
     read per epoch: shuffled, disjoint across ranks, covering the dataset, new every epoch."""
     def judge() -> str:
         for n in READ_WORLD_SIZES:
-            try:
-                results = on_ranks(_read_on_rank, fn, n,
-                                   (READ_SAMPLES, READ_EPOCHS, READ_BATCH), timeout)
-            except Rejected as rejected:
-                if "mutually exclusive with shuffle" in str(rejected):
-                    raise Rejected("DataLoader refused to be built: 'sampler option is mutually "
-                                   "exclusive with shuffle'. The DistributedSampler shuffles; "
-                                   "leave shuffle out of the DataLoader.") from None
-                raise
+            results = on_ranks(_read_on_rank, fn, n, (READ_SAMPLES, READ_EPOCHS, READ_BATCH),
+                               timeout, known=READ_ERRORS)
             _judge_reads([_indices(r, got, READ_EPOCHS) for r, got in enumerate(results)])
         return (f"on {' and '.join(map(str, READ_WORLD_SIZES))} ranks, every epoch split the "
                 f"{READ_SAMPLES} samples between the ranks without overlap, shuffled, and "
@@ -252,15 +253,14 @@ def check_train_uneven(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckRes
             results = on_ranks(_train_on_rank, fn, len(UNEVEN_BATCHES), (UNEVEN_BATCHES,),
                                timeout)
         except Rejected as rejected:
-            text = str(rejected)
-            if "did not finish" not in text and "failed inside a collective" not in text:
+            failure = rejected.failure
+            if failure is None or not (failure.timed_out or failure.consequence):
                 raise
-            root = next((line.strip() for line in text.splitlines()
-                         if line.strip().startswith("root cause")), "")
-            raise Rejected(f"the ranks did not all finish: rank 0 ran out after "
-                           f"{UNEVEN_BATCHES[0]} batches while rank 1, with {UNEVEN_BATCHES[1]}, "
-                           "waited in its next backward's all-reduce for a rank that had moved "
-                           "on. Wrap the loop in Join([ddp_model]).\n  " + root) from None
+            raise Rejected(failure.explained(
+                f"the ranks did not all finish: rank 0 ran out after {UNEVEN_BATCHES[0]} "
+                f"batches while rank 1, with {UNEVEN_BATCHES[1]}, waited in its next "
+                "backward's all-reduce for a rank that had moved on. Wrap the loop in "
+                "Join([ddp_model])."), failure) from None
         _judge_training(results)
         return (f"ranks with {' and '.join(map(str, UNEVEN_BATCHES))} batches trained on all "
                 "of them, finished together, and ended with the same weights.")

@@ -83,9 +83,11 @@ def _wrap_on_rank(fn: Callable) -> dict[str, Any]:
 
 
 def reference_weights() -> dict[str, torch.Tensor]:
-    """The weights one process reaches training on the whole batches."""
-    torch.manual_seed(SEED)
-    model = MultiTask()
+    """The weights one process reaches training on the whole batches (run in the kernel,
+    whose own random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = MultiTask()
     train(model, model, 0, 1)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -130,7 +132,9 @@ class TwoLayers(nn.Module):
 
 def base_grads() -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(SEED)
-    return {k: torch.randn(p.shape, generator=gen) for k, p in TwoLayers().named_parameters()}
+    with torch.random.fork_rng(devices=[]):  # TwoLayers() draws its initial weights
+        shapes = {k: p.shape for k, p in TwoLayers().named_parameters()}
+    return {k: torch.randn(shape, generator=gen) for k, shape in shapes.items()}
 
 
 def rank_grads(rank: int, desync: bool) -> dict[str, torch.Tensor]:
