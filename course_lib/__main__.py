@@ -1,16 +1,38 @@
-"""python -m course_lib doctor: check this machine is ready for the course."""
+"""python -m course_lib COMMAND: the course's one command line (see --help)."""
 
+from __future__ import annotations
+
+import argparse
+import importlib
 import sys
 
+# command -> (module whose main(argv) runs it, what it does). Each module is imported only
+# when its command runs: the authoring commands never import torch.
+COMMANDS = {
+    "doctor": ("course_lib.doctor", "check that this machine is ready for the course"),
+    "gate": ("course_lib.authoring.gate",
+             "run (or read executed) notebooks and judge every pitfall and exercise cell"),
+    "coverage": ("course_lib.authoring.coverage",
+                 "the pitfall coverage table of the lessons, or write it into README.md"),
+    "exercises": ("course_lib.authoring.exercises",
+                  "generate exercises/ from solutions/ (build), or check it is fresh"),
+}
 
-def main(argv: list[str]) -> int:
-    if argv[:1] == ["doctor"]:
-        from course_lib.checks.doctor import main as doctor
 
-        return doctor()
-    print("usage: python -m course_lib doctor", file=sys.stderr)
-    return 2
+def main(argv: list[str] | None = None) -> int:
+    """Run one command with the arguments that follow it."""
+    listing = "\n".join(f"  {name:<10} {what}" for name, (_, what) in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="python -m course_lib", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The course's tools. `python -m course_lib COMMAND --help` says more.",
+        epilog=f"commands:\n{listing}")
+    parser.add_argument("command", choices=COMMANDS, metavar="COMMAND",
+                        help=f"one of: {', '.join(COMMANDS)}")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="the command's own arguments")
+    args = parser.parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return module.main(args.args)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

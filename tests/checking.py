@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.checks.schema import course_meta
+from course_lib.protocol import course_meta
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.checks.gate import unexpected_errors
+from course_lib.authoring.gate import unexpected_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "00_welcome.ipynb"

@@ -9,12 +9,8 @@ import torch
 import torch.distributed as dist
 from checking import accepts, load_solution, rejects
 
-from course_lib.checks import (
-    check_average_gradients,
-    check_broadcast_parameters,
-    check_rank_summary,
-    check_same_random,
-)
+from course_lib.checks.lesson00 import check_rank_summary, check_same_random
+from course_lib.checks.lesson01 import check_average_gradients, check_broadcast_parameters
 
 solution = load_solution
 

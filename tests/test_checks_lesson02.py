@@ -9,7 +9,7 @@ import torch.distributed as dist
 from checking import check_helpers
 
 from course_lib import rank_device
-from course_lib.checks import check_pick_device, check_to_device
+from course_lib.checks.lesson02 import check_pick_device, check_to_device
 
 NOTEBOOK = "02_setup_checklist.ipynb"
 FAST = 6  # seconds

@@ -10,7 +10,7 @@ from checking import check_helpers
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_lib.checks import check_global_accuracy, check_read_epochs, check_train_uneven
+from course_lib.checks.lesson03 import check_global_accuracy, check_read_epochs, check_train_uneven
 
 NOTEBOOK = "03_data_sharding.ipynb"
 FAST = 6  # seconds: a loop that hangs is stopped after this long

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from checking import check_helpers
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.checks import check_gradient_differences, check_wrap_model
+from course_lib.checks.lesson04 import check_gradient_differences, check_wrap_model
 
 NOTEBOOK = "04_gradient_sync.ipynb"
 FAST = 6  # seconds: wrong answers that desynchronise ranks fail fast, never wait this long

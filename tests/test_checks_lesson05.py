@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from checking import check_helpers
 
-from course_lib.checks import check_evaluate, check_global_batch_stats
+from course_lib.checks.lesson05 import check_evaluate, check_global_batch_stats
 
 NOTEBOOK = "05_batchnorm_and_buffers.ipynb"
 FAST = 6  # seconds: wrong answers that desynchronise ranks fail fast, never wait this long

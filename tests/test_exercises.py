@@ -7,9 +7,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from course_lib.checks.gate import gate
-from course_lib.exercises import MarkerError, exercise_notebook, stub_source
-from course_lib.exercises.__main__ import main as exercises_main
+from course_lib.authoring.exercises import main as exercises_main
+from course_lib.authoring.gate import gate
+from course_lib.authoring.stubs import MarkerError, exercise_notebook, stub_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def test_committed_exercises_are_up_to_date(capsys):
 
 def test_stubs_raise_only_not_implemented_and_solutions_pass_their_checks():
     """Lesson 00's pair through the gate, which executes them. Every pair is judged in CI
-    by `python -m course_lib.gate --executed` on the notebooks nbmake executed once."""
+    by `python -m course_lib gate --executed` on the notebooks nbmake executed once."""
     paths = [ROOT / "solutions" / "00_welcome.ipynb", ROOT / "exercises" / "00_welcome.ipynb"]
     solved, exercise = gate(paths, already_executed=False, timeout=120)
     for report in (solved, exercise):

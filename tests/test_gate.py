@@ -8,11 +8,11 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from course_lib.checks.exercise_cells import judge_exercise_cells
-from course_lib.checks.gate import check_executed, main
-from course_lib.checks.result import MIME as CHECK
-from course_lib.checks.schema import read_cells
-from course_lib.teach.observe import MIME as OBSERVATION
+from course_lib.authoring.cell_schema import read_cells
+from course_lib.authoring.exercise_cells import judge_exercise_cells
+from course_lib.authoring.gate import check_executed, main
+from course_lib.protocol import CHECK_MIME as CHECK
+from course_lib.protocol import OBSERVATION_MIME as OBSERVATION
 
 RAISES = ["raises-exception"]
 ZERO = {"error": "ZeroDivisionError", "match": "division by zero"}
@@ -155,7 +155,7 @@ def test_exercise_cells_are_judged(cells, oks):
 # -- the command, on real kernels ------------------------------------------------------------
 
 def run_gate(*args):
-    done = subprocess.run([sys.executable, "-m", "course_lib.gate", *map(str, args)],
+    done = subprocess.run([sys.executable, "-m", "course_lib", "gate", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
     return done.returncode, done.stdout
 

@@ -7,10 +7,10 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_notebook
 
-from course_lib.checks import coverage
-from course_lib.checks.gate import notebook_paths
-from course_lib.checks.pitfalls import PITFALLS
-from course_lib.checks.schema import read_cells
+from course_lib.authoring import coverage
+from course_lib.authoring.cell_schema import read_cells
+from course_lib.authoring.gate import notebook_paths
+from course_lib.authoring.pitfalls import PITFALLS
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("notebooks", "solutions", "exercises")
@@ -45,7 +45,7 @@ def test_table_lists_every_id_with_its_cells_or_to_come(tmp_path):
 def test_unknown_ids_and_incomplete_pairs_fail_the_coverage_command(tmp_path, capsys):
     nbformat.write(new_notebook(cells=[declare("X77", "demo"), declare("P05", "broken")]),
                    tmp_path / "05_bad.ipynb")
-    assert coverage.main([tmp_path / "05_bad.ipynb"], write_readme=False) == 1
+    assert coverage.report([tmp_path / "05_bad.ipynb"], write_readme=False) == 1
     err = capsys.readouterr().err
     assert "'X77' is not in the registry" in err and "no fixed partner" in err
 
@@ -53,7 +53,7 @@ def test_unknown_ids_and_incomplete_pairs_fail_the_coverage_command(tmp_path, ca
 def test_write_readme_replaces_only_the_block(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{coverage.START}\nold\n{coverage.END}\noutro\n")
-    assert coverage.main([], write_readme=True, readme=readme) == 0
+    assert coverage.report([], write_readme=True, readme=readme) == 0
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith(f"{coverage.END}\noutro\n")
     assert "old" not in text and "| P01 |" in text
@@ -66,7 +66,7 @@ def test_readme_coverage_block_is_up_to_date():
     readme = (ROOT / "README.md").read_text()
     fresh = coverage.replace_block(readme, coverage.table(covered))
     assert readme == fresh, ("README.md's pitfall coverage table is stale: run "
-                             "python -m course_lib.gate --coverage --write-readme")
+                             "python -m course_lib coverage --write-readme")
 
 
 @pytest.mark.parametrize("path", notebook_paths([str(ROOT / f) for f in FOLDERS]),

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_lib.checks.gate import notebook_paths
+from course_lib.authoring.gate import notebook_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("notebooks", "solutions", "exercises")

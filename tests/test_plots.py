@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from course_lib import launch, plots, telemetry
 from course_lib.plots import explore, style
-from course_lib.telemetry.schema import COLUMNS
+from course_lib.telemetry.columns import COLUMNS
 
 matplotlib.use("Agg")
 

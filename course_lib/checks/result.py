@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-MIME = "application/vnd.course.check+json"
+from course_lib.protocol import CHECK_MIME
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class CheckResult:
         box = (f'<div style="border-left:4px solid {colour};padding:4px 10px;'
                f'white-space:pre-wrap">{html.escape(self.text())}</div>')
         data = {"check": self.check, "passed": self.passed, "message": self.message}
-        return {"text/plain": self.text(), "text/html": box, MIME: data}
+        return {"text/plain": self.text(), "text/html": box, CHECK_MIME: data}
 
     def _ipython_display_(self) -> None:
         """Shown already by the check that returned it; a cell ending with it adds nothing."""

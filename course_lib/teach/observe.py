@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-MIME = "application/vnd.course.observation+json"
+from course_lib.protocol import OBSERVATION_MIME
 
 
 class Observation:
@@ -18,8 +18,9 @@ class Observation:
         self.name, self.value, self.detail = name, value, detail
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
-        return {"text/plain": repr(self), MIME: {"name": self.name, "value": self.value,
-                                                  "detail": self.detail}}
+        return {"text/plain": repr(self),
+                OBSERVATION_MIME: {"name": self.name, "value": self.value,
+                                   "detail": self.detail}}
 
     def __repr__(self) -> str:
         mark = "YES" if self.value else "no"

@@ -10,11 +10,13 @@
 In the notebook, `launch(...)` returns the records of every rank as `run.telemetry`.
 """
 
-from course_lib.telemetry.chrome import chrome_trace, load_profiler_traces
+from course_lib.telemetry.chrome import chrome_trace
 from course_lib.telemetry.collect import ENV_DIR
-from course_lib.telemetry.merged import Telemetry, load
 from course_lib.telemetry.recorder import Recorder
+from course_lib.telemetry.run_telemetry import Telemetry, load
 from course_lib.telemetry.table import Table
+
+load_profiler_traces = Telemetry.from_profiler_traces
 
 __all__ = ["Recorder", "Telemetry", "Table", "load", "load_profiler_traces", "chrome_trace",
            "ENV_DIR"]

@@ -2,7 +2,9 @@
 
 The export opens in ui.perfetto.dev or chrome://tracing: one process track per rank, with a
 "compute" thread (spans) and a "communication" thread (all-reduces). Traces that
-torch.profiler exported on each rank load into a Telemetry, so the same plots draw them.
+torch.profiler exported on each rank become per-rank payloads (Recorder.export()'s shape),
+which Telemetry.from_profiler_traces merges, so the same plots draw them. This module knows
+tables, not the Telemetry class: run_telemetry imports it, never the other way round.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from course_lib.telemetry.merged import Telemetry
-from course_lib.telemetry.schema import COLUMNS
+from course_lib.telemetry.columns import COLUMNS
+
+if TYPE_CHECKING:  # for the hints only: chrome_trace reads tel.ranks, tel.spans, tel.comms
+    from course_lib.telemetry.run_telemetry import Telemetry
 
 COMPUTE, COMMUNICATION = 0, 1  # thread ids inside each rank's track
 # record_function names that torch itself adds, and the span names they stand for
@@ -48,15 +52,15 @@ def save_chrome_trace(tel: Telemetry, path: str | os.PathLike) -> Path:
     return path
 
 
-def load_profiler_traces(paths: Iterable[str | os.PathLike]) -> Telemetry:
-    """Per-rank traces from torch.profiler's export_chrome_trace, as one Telemetry.
+def profiler_payloads(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """Per-rank traces from torch.profiler's export_chrome_trace, as per-rank payloads.
 
     record_function blocks become spans (ProfilerStep#N: span "step" of step N), collectives
     become comms rows (bytes need record_shapes=True, else 0). A trace's rank comes from
     its distributedInfo, else from its position in `paths`.
     """
     traces = [json.loads(Path(p).read_text()) for p in paths]
-    return Telemetry.from_payloads(_payload(t, i) for i, t in enumerate(traces))
+    return [_payload(t, i) for i, t in enumerate(traces)]
 
 
 def _start(tel: Telemetry) -> float:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from course_lib.collectors import register_collector
-from course_lib.telemetry.schema import COLUMNS
+from course_lib.telemetry.columns import COLUMNS
 
 if TYPE_CHECKING:
     from course_lib.telemetry.recorder import Recorder

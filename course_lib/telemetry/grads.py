@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from course_lib.telemetry.schema import COLUMNS
+from course_lib.telemetry.columns import COLUMNS
 
 
 @dataclass(frozen=True)

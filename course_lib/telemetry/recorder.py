@@ -14,6 +14,7 @@ from torch import nn
 
 from course_lib.telemetry import batchnorm, collect, comm
 from course_lib.telemetry.clock import now
+from course_lib.telemetry.columns import COLUMNS
 from course_lib.telemetry.grads import (
     GradRecord,
     Layout,
@@ -23,9 +24,8 @@ from course_lib.telemetry.grads import (
     summarise,
     unwrap,
 )
-from course_lib.telemetry.merged import Telemetry
+from course_lib.telemetry.run_telemetry import Telemetry
 from course_lib.telemetry.sampler import RecordedSampler
-from course_lib.telemetry.schema import COLUMNS
 
 WHEN = ("before", "after")
 

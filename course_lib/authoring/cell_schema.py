@@ -1,10 +1,6 @@
-"""The pitfall cell metadata schema: read `metadata.course` of each cell and say what is
-wrong with it, so the gate and the coverage table read lessons the same way.
-
-    {"course": {"pitfall": "P03", "role": "broken" | "fixed" | "demo",
-                "symptom": {"error": "RuntimeError", "match": "fragment"}
-                         | {"observed": "same_samples"}}}
-"""
+"""The pitfall cell metadata schema: read `metadata.course` of each cell (the shape is in
+`course_lib.protocol`) and say what is wrong with it, so the gate and the coverage table
+read lessons the same way."""
 
 from __future__ import annotations
 
@@ -12,10 +8,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from course_lib.checks.pitfalls import id_problem
-
-ROLES = ("broken", "fixed", "demo")
-RAISES = "raises-exception"
+from course_lib.authoring.pitfalls import id_problem
+from course_lib.protocol import (
+    ERROR,
+    MATCH,
+    OBSERVED,
+    PITFALL,
+    RAISES,
+    ROLE,
+    ROLES,
+    SYMPTOM,
+    course_meta,
+    tags,
+)
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,7 @@ class Symptom:
     match: str = ""
 
     def __str__(self) -> str:
-        if self.kind == "error":
+        if self.kind == ERROR:
             return f"{self.name}({self.match!r})"
         return f"observed {self.name}"
 
@@ -43,18 +48,12 @@ class PitfallCell:
     symptom: Symptom
 
 
-def course_meta(cell: Any) -> dict:
-    """The cell's `course` metadata ({} when absent)."""
-    meta = cell.get("metadata", {}).get("course", {})
-    return meta if isinstance(meta, dict) else {}
-
-
 def read_cells(nb: Any) -> tuple[list[PitfallCell], list[str]]:
     """The notebook's pitfall cells, and every problem with their metadata and pairing."""
     cells, problems = [], []
     for number, cell in enumerate(nb.cells, start=1):
         meta = course_meta(cell)
-        if "pitfall" not in meta and "role" not in meta and "symptom" not in meta:
+        if PITFALL not in meta and ROLE not in meta and SYMPTOM not in meta:
             continue
         found = _read_cell(number, cell, meta)
         if isinstance(found, PitfallCell):
@@ -68,27 +67,27 @@ def _read_cell(number: int, cell: Any, meta: dict) -> PitfallCell | list[str]:
     problems = []
     if cell.get("cell_type") != "code":
         problems.append("pitfall metadata on a non-code cell")
-    if (why := id_problem(meta.get("pitfall"))) is not None:
+    if (why := id_problem(meta.get(PITFALL))) is not None:
         problems.append(why)
-    role = meta.get("role")
+    role = meta.get(ROLE)
     if role not in ROLES:
         problems.append(f"role {role!r} is not one of {', '.join(ROLES)}")
-    symptom = _read_symptom(meta.get("symptom"))
+    symptom = _read_symptom(meta.get(SYMPTOM))
     if isinstance(symptom, str):
         problems.append(symptom)
     if problems:
         return problems
-    problems = _tag_problems(role, symptom, cell.get("metadata", {}).get("tags", []))
-    return problems or PitfallCell(number, meta["pitfall"], role, symptom)
+    problems = _tag_problems(role, symptom, tags(cell))
+    return problems or PitfallCell(number, meta[PITFALL], role, symptom)
 
 
 def _read_symptom(raw: Any) -> Symptom | str:
     """The declared symptom, or why it is malformed."""
     keys = set(raw) if isinstance(raw, dict) else set()
-    if keys == {"error", "match"} and _identifier(raw["error"]) and _nonempty(raw["match"]):
-        return Symptom("error", raw["error"], raw["match"])
-    if keys == {"observed"} and _identifier(raw["observed"]):
-        return Symptom("observed", raw["observed"])
+    if keys == {ERROR, MATCH} and _identifier(raw[ERROR]) and _nonempty(raw[MATCH]):
+        return Symptom(ERROR, raw[ERROR], raw[MATCH])
+    if keys == {OBSERVED} and _identifier(raw[OBSERVED]):
+        return Symptom(OBSERVED, raw[OBSERVED])
     return (f"symptom {raw!r} must be {{'error': 'ClassName', 'match': 'fragment'}} "
             "or {'observed': 'name'}")
 
@@ -103,7 +102,7 @@ def _identifier(value: Any) -> bool:
 
 def _tag_problems(role: str, symptom: Symptom, tags: list[str]) -> list[str]:
     raises = RAISES in tags
-    if symptom.kind == "error" and role != "fixed" and not raises:
+    if symptom.kind == ERROR and role != "fixed" and not raises:
         return [f"a {role} cell whose symptom is an error must be tagged {RAISES!r}"]
     if role == "fixed" and raises:
         return [f"a fixed cell must not be tagged {RAISES!r}: it would hide a real error"]

@@ -7,8 +7,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from course_lib.telemetry import chrome
 from course_lib.telemetry.collect import read
-from course_lib.telemetry.schema import COLUMNS
+from course_lib.telemetry.columns import COLUMNS
 from course_lib.telemetry.table import Table
 
 
@@ -39,11 +40,15 @@ class Telemetry:
         ranks = sorted({p["rank"] for p in parts})
         return cls(tables, ranks, max((p["world_size"] for p in parts), default=0))
 
+    @classmethod
+    def from_profiler_traces(cls, paths: Iterable[str | os.PathLike]) -> Telemetry:
+        """The Telemetry of per-rank traces from torch.profiler's export_chrome_trace (see
+        chrome.profiler_payloads for what becomes spans and comms)."""
+        return cls.from_payloads(chrome.profiler_payloads(paths))
+
     def to_chrome_trace(self, path: str | os.PathLike) -> Path:
         """Write spans and all-reduces as a Chrome trace (open it in ui.perfetto.dev)."""
-        from course_lib.telemetry.chrome import save_chrome_trace  # chrome imports this module
-
-        return save_chrome_trace(self, path)
+        return chrome.save_chrome_trace(self, path)
 
     def __repr__(self) -> str:
         counts = ", ".join(f"{len(getattr(self, name))} {name}" for name in COLUMNS)

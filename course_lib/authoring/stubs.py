@@ -7,7 +7,7 @@ import copy
 import re
 from typing import Any
 
-from course_lib.checks.schema import RAISES, course_meta
+from course_lib.protocol import CHECK, COURSE, EXERCISE, RAISES, STUB, course_meta
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION(?::[ \t]*(?P<hint>\S.*?))?[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
@@ -71,11 +71,11 @@ def exercise_notebook(nb: Any) -> Any:
             cell.source, count = stub_source(cell.source)
         except MarkerError as exc:
             raise MarkerError(f"cell {number}, {exc}") from None
-        part = "stub" if count else course_meta(cell).get("exercise")
-        if part in ("stub", "check"):
+        part = STUB if count else course_meta(cell).get(EXERCISE)
+        if part in (STUB, CHECK):
             _mark(cell, part)
         stubs += count
-        checks_after += part == "check" and stubs > 0
+        checks_after += part == CHECK and stubs > 0
     if not stubs or not checks_after:
         raise MarkerError("a solutions notebook needs at least one solution block and a check "
                           "cell (metadata course.exercise = 'check') after it")
@@ -83,7 +83,7 @@ def exercise_notebook(nb: Any) -> Any:
 
 
 def _mark(cell: Any, part: str) -> None:
-    cell.metadata.setdefault("course", {})["exercise"] = part
+    cell.metadata.setdefault(COURSE, {})[EXERCISE] = part
     tags = cell.metadata.setdefault("tags", [])
     if RAISES not in tags:
         tags.append(RAISES)

@@ -1,7 +1,11 @@
-"""The environment doctor: can this machine run the course? A pass/warn/fail table."""
+"""The environment doctor: can this machine run the course? A pass/warn/fail table.
+
+Its imports of torch and the launcher sit inside the checks, so that a broken torch
+install is reported as a failed check rather than a traceback."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import os
 import platform
@@ -71,7 +75,7 @@ def check_backends() -> Check:
 
 
 def check_loopback() -> Check:
-    from course_lib.launch.net import loopback_interface
+    from course_lib.launching.net import loopback_interface
 
     try:
         return Check("loopback interface", PASS, loopback_interface())
@@ -84,7 +88,7 @@ def _smoke() -> dict:
     import torch
     import torch.distributed as dist
 
-    from course_lib.launch.sockets import non_loopback, socket_addresses
+    from course_lib.launching.sockets import non_loopback, socket_addresses
 
     t = torch.tensor([dist.get_rank() + 1.0])
     dist.all_reduce(t)
@@ -93,7 +97,7 @@ def _smoke() -> dict:
 
 
 def check_launch() -> list[Check]:
-    from course_lib import DistributedError, launch
+    from course_lib.launching import DistributedError, launch
 
     start = time.perf_counter()
     try:
@@ -133,7 +137,10 @@ def format_table(results: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """python -m course_lib doctor: print the table; exit 1 when a check failed."""
+    argparse.ArgumentParser(prog="python -m course_lib doctor",
+                            description=__doc__.splitlines()[0]).parse_args(argv or [])
     results = run_doctor()
     print(format_table(results))
     return 1 if any(c.status == FAIL for c in results) else 0

@@ -3,14 +3,16 @@ notebooks' metadata, with the ids still to come; kept in README.md between marke
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import nbformat
 
-from course_lib.checks.pitfalls import PITFALLS, SAME_AS
-from course_lib.checks.schema import read_cells
+from course_lib.authoring.cell_schema import read_cells
+from course_lib.authoring.gate import notebook_paths
+from course_lib.authoring.pitfalls import PITFALLS, SAME_AS
 
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
 
@@ -53,7 +55,7 @@ def replace_block(text: str, block: str) -> str:
     return f"{head}{START}\n{block}\n{END}{tail}"
 
 
-def main(paths: list[Path], write_readme: bool, readme: Path = Path("README.md")) -> int:
+def report(paths: list[Path], write_readme: bool, readme: Path = Path("README.md")) -> int:
     """Print the table, or write it into README.md; exit 1 on metadata problems."""
     covered, problems = collect(paths)
     for problem in problems:
@@ -69,3 +71,15 @@ def main(paths: list[Path], write_readme: bool, readme: Path = Path("README.md")
             return 1
         print(f"wrote the coverage table into {readme}")
     return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m course_lib coverage [NOTEBOOK...] [--write-readme]."""
+    parser = argparse.ArgumentParser(prog="python -m course_lib coverage", description=__doc__)
+    parser.add_argument("notebooks", nargs="*", default=["notebooks"],
+                        help="notebook files or folders of notebooks (default: notebooks)")
+    parser.add_argument("--write-readme", action="store_true",
+                        help="write the table into README.md between its markers, instead of "
+                             "printing it")
+    args = parser.parse_args(argv)
+    return report(notebook_paths(args.notebooks), args.write_readme)

@@ -6,27 +6,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from course_lib.checks.outputs import (
+from course_lib.authoring.outputs import (
     Verdict,
     check_results,
     describe_error,
     error_output,
     executed,
 )
-from course_lib.checks.schema import course_meta
+from course_lib.protocol import CHECK, EXERCISE, STUB, course_meta
 
 STUB_ERROR = "NotImplementedError"
 
 
 def judge_exercise_cells(nb: Any) -> list[Verdict]:
     """A verdict for every stub and check cell; an exercise notebook is one with stubs."""
-    parts = [(n, course_meta(c).get("exercise"), c) for n, c in enumerate(nb.cells, start=1)]
-    has_stubs = any(part == "stub" for _, part, _ in parts)
+    parts = [(n, course_meta(c).get(EXERCISE), c) for n, c in enumerate(nb.cells, start=1)]
+    has_stubs = any(part == STUB for _, part, _ in parts)
     verdicts = []
     for number, part, cell in parts:
-        if part == "stub":
+        if part == STUB:
             verdicts.append(_judge(number, "exercise stub", cell, stub_ok=True))
-        elif part == "check":
+        elif part == CHECK:
             verdicts.append(_judge(number, "exercise check", cell, stub_ok=False)
                             if has_stubs else _judge_solution_check(number, cell))
         elif part is not None:

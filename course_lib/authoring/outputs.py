@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from course_lib.checks.result import MIME as CHECK
-from course_lib.teach.observe import MIME as OBSERVATION
+from course_lib.protocol import CHECK_MIME, OBSERVATION_MIME
 
 
 @dataclass(frozen=True)
@@ -41,14 +40,14 @@ def _displayed(cell: Any, mime: str) -> list[dict]:
 def observations(cell: Any) -> dict[str, list[bool]]:
     """Every observe() value a cell displayed, by name."""
     seen: dict[str, list[bool]] = {}
-    for data in _displayed(cell, OBSERVATION):
+    for data in _displayed(cell, OBSERVATION_MIME):
         seen.setdefault(str(data.get("name")), []).append(bool(data.get("value")))
     return seen
 
 
 def check_results(cell: Any) -> list[dict]:
     """Every exercise check result ({check, passed, message}) a cell displayed."""
-    return _displayed(cell, CHECK)
+    return _displayed(cell, CHECK_MIME)
 
 
 def executed(cell: Any) -> bool:

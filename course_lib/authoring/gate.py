@@ -9,15 +9,15 @@ NotImplementedError, and every solution's check must pass.
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import nbformat
 
-from course_lib.checks.exercise_cells import judge_exercise_cells
-from course_lib.checks.outputs import (
+from course_lib.authoring.cell_schema import PitfallCell, read_cells
+from course_lib.authoring.exercise_cells import judge_exercise_cells
+from course_lib.authoring.outputs import (
     Verdict,
     describe_error,
     error_output,
@@ -25,7 +25,7 @@ from course_lib.checks.outputs import (
     first_line,
     observations,
 )
-from course_lib.checks.schema import RAISES, PitfallCell, read_cells
+from course_lib.protocol import ERROR, RAISES, tags
 
 
 @dataclass
@@ -48,7 +48,7 @@ def judge(cell: PitfallCell, nb_cell: Any) -> Verdict:
            str(cell.symptom) if want else f"no {cell.symptom}")
     if not executed(nb_cell):
         return Verdict(*row, "the cell was not executed", False)
-    if cell.symptom.kind == "error":
+    if cell.symptom.kind == ERROR:
         err = error_output(nb_cell)
         shown = (err is not None and err.get("ename") == cell.symptom.name
                  and cell.symptom.match in str(err.get("evalue", "")))
@@ -64,7 +64,7 @@ def unexpected_errors(nb: Any) -> list[str]:
     found = []
     for number, cell in enumerate(nb.cells, start=1):
         err = error_output(cell)
-        if err is not None and RAISES not in cell.get("metadata", {}).get("tags", []):
+        if err is not None and RAISES not in tags(cell):
             found.append(f"cell {number}: unexpected {describe_error(err)}")
     return found
 
@@ -129,13 +129,9 @@ def gate(paths: list[Path], already_executed: bool, timeout: int) -> list[Notebo
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m course_lib.gate: exit 0 only when every notebook passes."""
+    """python -m course_lib gate: exit 0 only when every notebook passes."""
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.coverage or args.write_readme:
-        from course_lib.checks.coverage import main as coverage
-
-        return coverage(notebook_paths(args.notebooks or ["notebooks"]), args.write_readme)
     paths = notebook_paths(args.notebooks)
     if not paths or not all(p.is_file() for p in paths):
         parser.error(f"no notebooks found in {args.notebooks}" if not paths else
@@ -149,20 +145,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m course_lib.gate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course_lib gate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("notebooks", nargs="*", help="notebook files or folders of notebooks")
+    p.add_argument("notebooks", nargs="+", help="notebook files or folders of notebooks")
     p.add_argument("--executed", action="store_true",
                    help="the notebooks were already executed (e.g. by nbmake --overwrite on a "
                         "copy): judge their outputs without running them again")
     p.add_argument("--timeout", type=int, default=300, help="seconds per cell (default 300)")
-    p.add_argument("--coverage", action="store_true",
-                   help="print the pitfall coverage table (markdown) of the notebooks "
-                        "(default folder: notebooks)")
-    p.add_argument("--write-readme", action="store_true",
-                   help="write the coverage table into README.md between its markers")
     return p
-
-
-if __name__ == "__main__":
-    sys.exit(main())

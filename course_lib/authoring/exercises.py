@@ -1,4 +1,4 @@
-"""python -m course_lib.exercises build [--check]: generate exercises/ from solutions/."""
+"""python -m course_lib exercises build [--check]: generate exercises/ from solutions/."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbformat
 
-from course_lib.exercises.stubs import MarkerError, exercise_notebook
+from course_lib.authoring.stubs import MarkerError, exercise_notebook
 
 
 def expected(solutions: Path) -> dict[str, str]:
@@ -45,7 +45,7 @@ def build(solutions: Path, exercises: Path, check: bool) -> int:
         for line in stale:
             print(line)
         if stale:
-            print("exercises/ is out of date: run python -m course_lib.exercises build")
+            print("exercises/ is out of date: run python -m course_lib exercises build")
         return 1 if stale else 0
     exercises.mkdir(exist_ok=True)
     for name, text in texts.items():
@@ -57,7 +57,7 @@ def build(solutions: Path, exercises: Path, check: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m course_lib.exercises", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m course_lib exercises", description=__doc__)
     parser.add_argument("command", choices=["build"])
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when exercises/ is out of date")
@@ -69,7 +69,3 @@ def main(argv: list[str] | None = None) -> int:
     except MarkerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
