@@ -11,17 +11,25 @@ import nbformat
 
 from course_lib.protocol import course_meta
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "solutions"
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
 
 
 def load_solution(notebook: str, name: str) -> Callable:
     """The worked solution `name` from solutions/<notebook>, run as the notebook defines it
     (in a namespace that is not importable, so it travels to the ranks by value)."""
-    nb = nbformat.read(SOLUTIONS / notebook, as_version=4)
-    namespace = {"__name__": f"solutions_{notebook.split('_')[0]}"}
+    return load_function(SOLUTIONS / notebook, name)
+
+
+def load_function(path: Path, name: str) -> Callable:
+    """The function `name` as notebook `path` defines it: every code cell but the check cells
+    runs, in a namespace that is not importable (so the function travels by value)."""
+    nb = nbformat.read(path, as_version=4)
+    namespace = {"__name__": f"{path.parent.name}_{path.name.split('_')[0]}"}
     for cell in nb.cells:
         if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
-            exec(compile(cell.source, notebook, "exec"), namespace)  # noqa: S102
+            exec(compile(cell.source, path.name, "exec"), namespace)  # noqa: S102
     return namespace[name]
 
 

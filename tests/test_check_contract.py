@@ -1,0 +1,212 @@
+"""The contract every exercise check keeps, tested for every check at once: a stub raises
+NotImplementedError naming the function, a non-callable gets a clear error, the kernel's
+random state is left alone, and the worked solution passes at two world sizes (one of them 3
+or 4) within the check's own time limit.
+
+The checks are found where the course uses them: the `check_*(function)` calls in
+solutions/*.ipynb and the `course_lib.checks` module each notebook imports them from. A new
+lesson gets these tests without editing this file."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import random
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from unittest import mock
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+from checking import EXERCISES, SOLUTIONS, load_function
+
+import course_lib.checks
+from course_lib.checks import common
+
+
+@dataclass(frozen=True)
+class Case:
+    """One check cell of a solutions notebook: `check(function)`."""
+
+    notebook: str
+    module: str
+    check: str
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.notebook.split('_')[0]}:{self.check}"
+
+    def check_fn(self):
+        return getattr(importlib.import_module(self.module), self.check)
+
+
+def _cell_trees(path: Path) -> list[ast.Module]:
+    """The parsed code cells of a notebook (cells that are not plain Python are skipped)."""
+    trees = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code":
+            try:
+                trees.append(ast.parse(cell.source))
+            except SyntaxError:  # a %magic cell: no check call to find there
+                continue
+    return trees
+
+
+def discover(folder: Path = SOLUTIONS) -> list[Case]:
+    """Every `check_*(name)` call in the folder's notebooks, with the module it comes from."""
+    cases = []
+    for path in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+        trees = _cell_trees(path)
+        source = {alias.asname or alias.name: node.module
+                  for tree in trees for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module
+                  and node.module.startswith("course_lib.checks")
+                  for alias in node.names}
+        for tree in trees:
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                        and node.func.id.startswith("check_") and node.args
+                        and isinstance(node.args[0], ast.Name)):
+                    cases.append(Case(path.name, source.get(node.func.id, ""), node.func.id,
+                                      node.args[0].id))
+    return cases
+
+
+CASES = discover()
+
+
+def lesson_checks() -> set[str]:
+    """Every check_* function defined in a course_lib.checks.lessonNN module."""
+    found = set()
+    for info in pkgutil.iter_modules(course_lib.checks.__path__):
+        if info.name.startswith("lesson"):
+            module = importlib.import_module(f"course_lib.checks.{info.name}")
+            found |= {f"{module.__name__}.{name}" for name, obj in vars(module).items()
+                      if name.startswith("check_") and inspect.isfunction(obj)
+                      and obj.__module__ == module.__name__}
+    return found
+
+
+def test_every_check_has_a_solution_cell():
+    assert len(CASES) >= 13  # lessons 00-05 have 13 checks: discovery must not find fewer
+    for case in CASES:
+        assert case.module, f"{case}: {case.notebook} calls {case.check} without importing it"
+        assert case.module.startswith("course_lib.checks.lesson"), \
+            f"{case}: notebooks import checks from their lesson's module, not {case.module}"
+    missing = lesson_checks() - {f"{c.module}.{c.check}" for c in CASES}
+    assert not missing, f"checks no solutions notebook calls: {sorted(missing)}"
+
+
+def limit_of(check) -> float:
+    """The check's own time limit: the default of its `timeout` parameter."""
+    parameter = inspect.signature(check).parameters.get("timeout")
+    assert parameter is not None, f"{check.__name__} must accept timeout=..."
+    return parameter.default
+
+
+# -- (a) a stub, (b) a non-callable -----------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_a_stub_raises_not_implemented_naming_the_function(case, capsys):
+    stub = load_function(EXERCISES / case.notebook, case.function)
+    with pytest.raises(NotImplementedError, match=rf"{case.function}\(\) is not written yet"):
+        case.check_fn()(stub)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_a_non_callable_gets_a_clear_error(case, capsys):
+    launches = []
+    with mock.patch.object(common, "launch", side_effect=lambda *a, **k: launches.append(a)):
+        result = case.check_fn()(None)
+    assert not result.passed
+    assert "expects your function itself" in result.message, result.message
+    assert not launches, "a check must refuse a non-callable before starting ranks"
+
+
+# -- (c) the random state, (d) the solution, its world sizes and time ------------------------
+
+def random_states() -> tuple:
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def same_states(a: tuple, b: tuple) -> list[str]:
+    """Which generators (torch, numpy, random) differ between two random_states()."""
+    differ = []
+    if not torch.equal(a[0], b[0]):
+        differ.append("torch")
+    if not (a[1][0] == b[1][0] and np.array_equal(a[1][1], b[1][1]) and a[1][2:] == b[1][2:]):
+        differ.append("numpy")
+    if a[2] != b[2]:
+        differ.append("random")
+    return differ
+
+
+@dataclass
+class SolutionRun:
+    """What running a check on its worked solution did."""
+
+    passed: bool
+    message: str
+    seconds: float
+    reseeded: list[str]  # the generators of the kernel the check changed
+    launches: list[tuple[int, float]] = field(default_factory=list)  # (world size, seconds)
+
+
+@cache
+def run_solution(case: Case) -> SolutionRun:
+    """Run the check on its worked solution once per test session, recording every launch."""
+    real, launches = common.launch, []
+
+    def timed(fn, world_size, *args, **kwargs):
+        start = time.monotonic()
+        try:
+            return real(fn, world_size, *args, **kwargs)
+        finally:
+            launches.append((world_size, time.monotonic() - start))
+
+    solution = load_function(SOLUTIONS / case.notebook, case.function)
+    torch.manual_seed(1234)
+    np.random.seed(1234)
+    random.seed(1234)
+    before, start = random_states(), time.monotonic()
+    with mock.patch.object(common, "launch", timed):
+        result = case.check_fn()(solution)
+    seconds = time.monotonic() - start
+    return SolutionRun(result.passed, result.message, seconds,
+                       same_states(before, random_states()), launches)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_the_solution_passes_within_the_checks_time_limit(case, capsys, record_property):
+    run = run_solution(case)
+    assert run.passed, run.message
+    limit = limit_of(case.check_fn())
+    record_property("seconds", round(run.seconds, 2))
+    with capsys.disabled():
+        shown = ", ".join(f"{n} ranks {s:.1f} s" for n, s in run.launches)
+        print(f"\n  {case}: passed in {run.seconds:.1f} s ({shown}; limit {limit:g} s a launch)")
+    slowest = max(s for _, s in run.launches)
+    assert slowest < limit, f"a launch took {slowest:.1f} s, the check's limit is {limit:g} s"
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_the_kernels_random_state_is_left_alone(case, capsys):
+    run = run_solution(case)
+    assert not run.reseeded, f"{case.check} changed the kernel's {' and '.join(run.reseeded)} " \
+                             "random state: draw the check's own numbers from a " \
+                             "torch.Generator, or inside torch.random.fork_rng()"
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_runs_at_two_world_sizes_one_of_them_3_or_4(case, capsys):
+    sizes = {n for n, _ in run_solution(case).launches}
+    assert len(sizes) >= 2 and sizes & {3, 4}, (
+        f"{case.check} ran only at world sizes {sorted(sizes)}: an answer right at one size "
+        "only would pass. Run it at two sizes at least, one of them 3 or 4 "
+        "(common.at_world_sizes).")
