@@ -5,7 +5,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from course_lib.authoring import coverage
 from course_lib.authoring.cell_schema import read_cells
@@ -36,10 +36,27 @@ def test_table_lists_every_id_with_its_cells_or_to_come(tmp_path):
     assert problems == []
     rows = [r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| id ")]
     assert [r.split(" | ")[0][2:] for r in rows] == list(PITFALLS)
-    assert "| P04 | " in table and "| `03_data` cells 2 broken, 3 fixed |" in table
-    assert "| as P04: `03_data` cells 2 broken, 3 fixed |" in table  # S4 is P04
+    assert "| P04 | " in table and "| `03_data` broken, fixed (observed x) |" in table
+    assert "| as P04: `03_data` broken, fixed (observed x) |" in table  # S4 is P04
     assert f"2 of {len(PITFALLS)} pitfalls" in table
     assert table.count("| to come |") == len(PITFALLS) - 2
+
+
+def test_rows_count_roles_and_name_symptoms_but_not_positions(tmp_path):
+    """Editing a lesson (a cell added above a pitfall) leaves README's table as it was."""
+    zero = {"error": "ZeroDivisionError", "match": "by zero"}
+    cells = [declare("P10", "broken"), declare("P10", "fixed"), declare("P10", "broken"),
+             new_code_cell("", metadata={"course": {"pitfall": "P10", "role": "demo",
+                                                    "symptom": zero},
+                                         "tags": ["raises-exception"]}),
+             declare("P10", "fixed")]
+    nbformat.write(new_notebook(cells=cells), tmp_path / "04_a.ipynb")
+    before = coverage.table(coverage.collect([tmp_path / "04_a.ipynb"])[0])
+    assert "| `04_a` 2 broken, 2 fixed, demo (observed x, ZeroDivisionError('by zero')) |" \
+        in before
+    nbformat.write(new_notebook(cells=[new_markdown_cell("new prose"), *cells]),
+                   tmp_path / "04_a.ipynb")
+    assert coverage.table(coverage.collect([tmp_path / "04_a.ipynb"])[0]) == before
 
 
 def test_unknown_ids_and_incomplete_pairs_fail_the_coverage_command(tmp_path, capsys):

@@ -1,35 +1,46 @@
-"""The coverage table: every pitfall id -> the lesson cells that show it, read from the
-notebooks' metadata, with the ids still to come; kept in README.md between markers."""
+"""The coverage table: every pitfall id -> the lessons whose cells show it (their roles and
+symptoms), read from the notebooks' metadata, with the ids still to come; kept in README.md
+between markers. Cells are named by pitfall, role and symptom, never by position, so that
+editing a lesson's prose leaves the table as it is (the gate's report gives positions)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import nbformat
 
-from course_lib.authoring.cell_schema import read_cells
+from course_lib.authoring.cell_schema import PitfallCell, read_cells
 from course_lib.authoring.gate import notebook_paths
 from course_lib.authoring.pitfalls import PITFALLS, SAME_AS
+from course_lib.protocol import ROLES
 
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
 
 
 def collect(paths: list[Path]) -> tuple[dict[str, list[str]], list[str]]:
-    """Per pitfall id, 'notebook: cells' entries; and every metadata problem found."""
+    """Per pitfall id, one entry per notebook that shows it; and every metadata problem."""
     covered: dict[str, list[str]] = defaultdict(list)
     problems = []
     for path in paths:
         cells, found = read_cells(nbformat.read(path, as_version=4))
         problems.extend(f"{path}: {p}" for p in found)
-        by_id: dict[str, list[str]] = defaultdict(list)
+        by_id: dict[str, list[PitfallCell]] = defaultdict(list)
         for c in cells:
-            by_id[c.pitfall].append(f"{c.number} {c.role}")
-        for pid, entries in by_id.items():
-            covered[pid].append(f"`{path.stem}` cells {', '.join(entries)}")
+            by_id[c.pitfall].append(c)
+        for pid, shown in by_id.items():
+            covered[pid].append(f"`{path.stem}` {entry(shown)}")
     return covered, problems
+
+
+def entry(cells: list[PitfallCell]) -> str:
+    """'2 broken, demo, 2 fixed (observed same_samples)': roles counted, symptoms named."""
+    counts = Counter(c.role for c in cells)
+    roles = [f"{counts[r]} {r}" if counts[r] > 1 else r for r in ROLES if counts[r]]
+    symptoms = dict.fromkeys(str(c.symptom) for c in cells)  # distinct, in notebook order
+    return f"{', '.join(roles)} ({', '.join(symptoms)})"
 
 
 def table(covered: dict[str, list[str]]) -> str:

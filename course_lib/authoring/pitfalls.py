@@ -1,5 +1,5 @@
 """The pitfall registry: every id a lesson cell may name, its title and the lessons that
-plan to cover it (from COURSE.md's curriculum map). New X-ids are added here first."""
+plan to cover it (the curriculum map in docs/design.md). New X-ids are added here first."""
 
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ def _table(rows: str) -> dict[str, Pitfall]:
     return pitfalls
 
 
-# P01-P20: seed 000's pitfall table, in order. S1-S5: seed 004's sharp edges.
-# B1-B3: seed 002's disasters. X: found while writing the course.
+# The id families (docs/design.md): P01-P20 the catalogue of common DDP pitfalls the course
+# started from, in its order; S1-S5 sharp edges; B1-B3 disasters that end a job;
+# X1... found while writing the course.
 PITFALLS: dict[str, Pitfall] = _table("""
 P01 | 01    | nn.DataParallel instead of DDP (on CPU it silently runs one replica)
 P02 | 02    | DDP wrapped around a model before it is moved to its device
@@ -51,7 +52,7 @@ P20 | 03 10 | uneven last batches and inputs across ranks
 S1  | 10    | ranks take different paths and call different collectives: a hang
 S2  | 13    | CPU offload does not help when parameters must all fit during forward
 S3  | 09    | fp16 gradients underflow without loss scaling
-S4  | 03    | DistributedSampler without set_epoch() (seed 004's take on P04)
+S4  | 03    | DistributedSampler without set_epoch() (the same pitfall as P04)
 S5  | 11    | sharded checkpoint saved at one world size, loaded at another
 B1  | 11    | one rank runs out of memory and the whole job dies with it
 B2  | 10    | the job hangs with no error
@@ -74,7 +75,7 @@ def id_problem(pid: object) -> str | None:
     if not isinstance(pid, str) or not _ID.match(pid):
         return (f"pitfall id {pid!r} is not of the form P01-P20, S1-S5, B1-B3 or X<number>")
     if pid not in PITFALLS:
-        return (f"pitfall id {pid!r} is not in the registry (course_lib/checks/pitfalls.py); "
+        return (f"pitfall id {pid!r} is not in the registry (course_lib/authoring/pitfalls.py); "
                 "add it there with its title and lesson first")
     if pid in SAME_AS:
         return f"{pid} is the same pitfall as {SAME_AS[pid]}: declare {SAME_AS[pid]}"
