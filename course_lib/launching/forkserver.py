@@ -1,8 +1,10 @@
 """Start worker processes from a forkserver with torch preloaded, and stop them for sure.
 
 Never plain fork from the kernel: a child of a process that already ran a parallel op can
-hang forever (FACTS.md). The forkserver is a clean process that imported torch and nothing
-else ran in it, so forking from it is safe and costs no import time.
+hang forever (docs/facts.md). The forkserver is a clean process that imported torch and
+what a training step imports lazily, and ran no tensor op, so forking from it is safe and
+a rank pays no import time. It starts in the background when the notebook imports
+`launch` (see warm_up), so a learner who reads a cell first does not wait for it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing import context, popen_forkserver, spawn
@@ -18,17 +22,67 @@ from typing import Any
 
 from course_lib.launching.rank_main import WorkerSpec, run_worker
 
+# What the forkserver imports once, so that no rank imports it again. The rank's own code,
+# then what a first training step would import lazily: DDP's constructor and every optimizer
+# import torch._dynamo (1.1-1.7 s of CPU per rank, measured with benchmarks/launch.py);
+# the profiler, DataLoader and the course's recorder are the lessons' other tools.
+PRELOAD = [
+    "course_lib.launching.rank_main",
+    "torch._dynamo",
+    "torch.nn.parallel",
+    "torch.optim",
+    "torch.profiler",
+    "torch.utils.data",
+    "course_lib.telemetry",
+]
+WAIT_QUIETLY_S = 1.0  # the first launch says why it waits only when it waits longer
+
 _context: Any = None
+_ready = threading.Event()
+_warming: threading.Thread | None = None
 
 
 def forkserver_context() -> Any:
-    """The multiprocessing context whose forkserver preloads torch (started on first use)."""
+    """The multiprocessing context whose forkserver preloads PRELOAD (started on first use)."""
     global _context
     if _context is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["course_lib.launching.rank_main"])
+        ctx.set_forkserver_preload(PRELOAD)
         _context = ctx
     return _context
+
+
+def warm_up() -> None:
+    """Start the forkserver now, in a background thread, and mark it ready once it has
+    forked a first (empty) process, which it can do only after its imports."""
+    global _warming
+    if _warming is None:
+        _warming = threading.Thread(target=_fork_one, name="course_lib-warm-up", daemon=True)
+        _warming.start()
+
+
+def wait_until_ready(echo: bool) -> None:
+    """Block until the forkserver is ready; say so once if that takes a while."""
+    warm_up()
+    if not _ready.wait(WAIT_QUIETLY_S):
+        if echo:
+            print("starting workers (first launch only)...", file=sys.stdout, flush=True)
+        _ready.wait()
+
+
+def _fork_one() -> None:
+    try:
+        forkserver_context()
+        process = _Process(target=_nothing, name="course_lib-warm-up")
+        process.start()
+        process.join()
+        process.close()
+    finally:  # a broken forkserver shows its error at the launch that needs it
+        _ready.set()
+
+
+def _nothing() -> None:
+    """The warm-up process's work."""
 
 
 class _Popen(popen_forkserver.Popen):

@@ -17,7 +17,14 @@ from typing import Any
 import cloudpickle
 
 from course_lib.launching import net
-from course_lib.launching.forkserver import Worker, dump_stacks, kill, reap, start_worker
+from course_lib.launching.forkserver import (
+    Worker,
+    dump_stacks,
+    kill,
+    reap,
+    start_worker,
+    wait_until_ready,
+)
 from course_lib.launching.payload import pack
 from course_lib.launching.rank_main import LAUNCH_DIR, WorkerSpec
 from course_lib.launching.report import (
@@ -92,6 +99,7 @@ class _Launch:
         self.timed_out = False
 
     def run(self) -> Run:
+        wait_until_ready(self.echo)  # the first launch after import may find it still starting
         start = time.monotonic()
         alive_r, alive_w = os.pipe()  # workers exit when this kernel's end closes
         alive = Connection(alive_r, writable=False)

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.collectors import collect_all
+from course_lib.launching import own_init
 
 LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -138,7 +139,8 @@ def _init_process_group(spec: WorkerSpec) -> None:
     if spec.backend == "nccl":
         torch.cuda.set_device(spec.rank)
     store = dist.FileStore(spec.store_path, spec.world_size)
-    dist.init_process_group(
+    own_init.install(store, spec.rank, spec.world_size, spec.pg_timeout)
+    own_init.real_init_process_group(
         spec.backend,
         store=store,
         rank=spec.rank,

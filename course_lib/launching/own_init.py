@@ -1,0 +1,82 @@
+"""Let code that sets up its own process group run unchanged on the launch's ranks.
+
+PyTorch's tutorials and every torchrun script call `dist.init_process_group(...)` themselves
+(often after setting MASTER_ADDR and MASTER_PORT). Under `launch` the ranks have already met
+on a private, loopback-only rendezvous, so inside a rank that call keeps this group, or
+re-creates it with the backend the code asks for, and says once (on rank 0) what it did.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+real_init_process_group = c10d.init_process_group
+
+
+class _LaunchGroup:
+    """What the launcher set up, against which the learner's call is checked."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.timeout = timedelta(seconds=timeout)
+        self.inits = 0
+
+
+_group: _LaunchGroup | None = None
+
+
+def install(store: dist.Store, rank: int, world_size: int, timeout: float) -> None:
+    """Route this rank's init_process_group calls to the launch's rendezvous."""
+    global _group
+    _group = _LaunchGroup(store, rank, world_size, timeout)
+    dist.init_process_group = c10d.init_process_group = init_process_group
+
+
+def init_process_group(backend: Any = None, init_method: str | None = None,
+                       timeout: timedelta | None = None, world_size: int = -1, rank: int = -1,
+                       store: Any = None, **options: Any) -> None:
+    """dist.init_process_group as seen inside a launch: same arguments, the launch's ranks."""
+    assert _group is not None
+    _check("world_size", world_size, _group.world_size)
+    _check("rank", rank, _group.rank)
+    wanted = str(backend).lower() if backend is not None else None
+    if dist.is_initialized() and wanted in (None, dist.get_backend()):
+        _note(f"kept the launch's process group ({dist.get_backend()}, {_group.world_size} "
+              "ranks); your MASTER_ADDR, MASTER_PORT and init_method are not used")
+        return
+    if wanted == "nccl" and torch.cuda.device_count() < _group.world_size:
+        raise RuntimeError(
+            f"this code asks for the NCCL backend, which needs one GPU per rank: "
+            f"{_group.world_size} ranks, {torch.cuda.device_count()} GPU(s) here. On the CPU, "
+            'use dist.init_process_group("gloo") (or no backend argument).')
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _group.inits += 1
+    real_init_process_group(wanted, store=dist.PrefixStore(f"own_init{_group.inits}", _group.store),
+               rank=_group.rank, world_size=_group.world_size,
+               timeout=timeout or _group.timeout, **options)
+    _note(f"started a {dist.get_backend()} process group on the launch's ranks; your "
+          "MASTER_ADDR, MASTER_PORT and init_method are not used")
+
+
+def _check(name: str, asked: int, launched: int) -> None:
+    if asked in (-1, None) or int(asked) == launched:
+        return
+    if name == "world_size":
+        fix = (f"launch with world_size={asked}, or pass int(os.environ['WORLD_SIZE']) as "
+               "torchrun sets it")
+    else:  # launch gives every rank the same args, unlike mp.spawn's rank argument
+        fix = ("read the rank inside the function, int(os.environ['RANK']) as torchrun "
+               "sets it, instead of passing it in args")
+    raise ValueError(f"init_process_group({name}={asked}) on a rank whose launch has "
+                     f"{name}={launched}: {fix}.")
+
+
+def _note(text: str) -> None:
+    if _group is not None and _group.rank == 0:
+        print(f"course_lib: init_process_group() {text}.", flush=True)
