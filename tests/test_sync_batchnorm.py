@@ -86,7 +86,7 @@ def assert_close(got, want, what):
 ])
 def test_equals_batchnorm_on_the_global_batch(sizes, tail, momentum, dtype):
     results = launch(on_rank, len(sizes), args=(sizes, tail, momentum, dtype),
-                     echo=False).results
+                     backend="gloo", echo=False).results
     want, want_buffers = reference(sizes, tail, momentum, dtype)
     for step in range(STEPS):
         for rank, (outs, _) in enumerate(results):
@@ -126,7 +126,7 @@ def net_batch(sizes):
 
 def test_under_ddp_the_averaged_gradients_are_the_global_batchs():
     sizes = [3, 6, 4]
-    results = launch(ddp_on_rank, len(sizes), args=(sizes,), echo=False).results
+    results = launch(ddp_on_rank, len(sizes), args=(sizes,), backend="gloo", echo=False).results
     model = small_net(nn.BatchNorm1d)
     x, weights = net_batch(sizes)
     (model(x) * weights).sum().backward()
@@ -138,23 +138,48 @@ def test_under_ddp_the_averaged_gradients_are_the_global_batchs():
             assert_close(buffers[name], b, f"rank {rank} {name}")
 
 
-def eval_on_rank():
-    layer = new_layer(SyncBatchNorm, 0.1)
+class HiddenCollective(SyncBatchNorm):
+    """The control: an eval forward that communicates, which the test below must catch."""
+
+    def forward(self, input):
+        if not self.training:
+            dist.all_reduce(torch.zeros(1))
+        return super().forward(input)
+
+
+def eval_on_rank_0_only(cls):
+    """Rank 0 evaluates alone: rank 1 never calls the layer and leaves, so a collective in
+    the eval forward has no partner and fails (within the 2 s pg_timeout at the latest)."""
+    if dist.get_rank() != 0:
+        return None
+    layer = new_layer(cls, 0.1)
     with torch.no_grad():
         layer.running_mean.copy_(torch.tensor([1.0, -2.0, 3.0]))
         layer.running_var.copy_(torch.tensor([4.0, 0.5, 2.0]))
-    layer.eval()
-    x = torch.randn(5, CHANNELS) + dist.get_rank()
-    return x, layer(x)  # no collective: rank 1 could even skip this
+    x = torch.randn(5, CHANNELS)
+    return x, layer.eval()(x)
+
+
+def launch_eval(cls):
+    return launch(eval_on_rank_0_only, 2, args=(cls,), backend="gloo", pg_timeout=2,
+                  timeout=30, echo=False)
 
 
 def test_eval_mode_uses_the_running_statistics_without_communicating():
-    for x, out in launch(eval_on_rank, 2, echo=False).results:
-        layer = new_layer(nn.BatchNorm1d, 0.1)
-        with torch.no_grad():
-            layer.running_mean.copy_(torch.tensor([1.0, -2.0, 3.0]))
-            layer.running_var.copy_(torch.tensor([4.0, 0.5, 2.0]))
-        assert_close(out, layer.eval()(x), "eval output")
+    x, out = launch_eval(SyncBatchNorm).results[0]
+    layer = new_layer(nn.BatchNorm1d, 0.1)
+    with torch.no_grad():
+        layer.running_mean.copy_(torch.tensor([1.0, -2.0, 3.0]))
+        layer.running_var.copy_(torch.tensor([4.0, 0.5, 2.0]))
+    assert_close(out, layer.eval()(x), "eval output")
+
+
+def test_a_collective_hidden_in_eval_mode_would_be_caught():
+    from course_lib import DistributedError
+
+    with pytest.raises(DistributedError) as caught:
+        launch_eval(HiddenCollective)
+    assert caught.value.failures[0].rank == 0
 
 
 def test_without_a_process_group_it_is_batchnorm():
@@ -189,7 +214,7 @@ def test_a_global_batch_of_one_sample_is_refused_like_batchnorm():
     from course_lib import DistributedError
 
     with pytest.raises(DistributedError, match="Expected more than 1 value per channel"):
-        launch(one_sample_in_total, 2, echo=False)
+        launch(one_sample_in_total, 2, backend="gloo", echo=False)
 
 
 def test_plot_normalisation_compares_each_rank_with_the_whole_batch():
