@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.telemetry.grads import unwrap
+from course_lib.wrappers import unwrap
 
 # Differences below this share of the gradient's size count as equal (reduction order).
 DEFAULT_RTOL = 1e-6

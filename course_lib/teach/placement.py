@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from course_lib.wrappers import unwrap
+
 # Devices that several ranks may share without harm: every rank has "its own" CPU.
 SHAREABLE = ("cpu", "meta")
 WRONG = "✗"
@@ -43,7 +45,7 @@ def snapshot(model: nn.Module | None = None, *, device: Any = None, **named: Any
     """
     items: list[dict] = []
     if model is not None:
-        items.extend(_module_items("model", _unwrap(model)))
+        items.extend(_module_items("model", unwrap(model)))
     for name, value in named.items():
         if isinstance(value, nn.Module):
             items.extend(_module_items(name, value))
@@ -146,11 +148,6 @@ def device_map(diag: Diagnosis, gpus: int | None = None, node: int = 0) -> Any:
 
 
 # -- on the rank -------------------------------------------------------------------------------
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
-    return model.module if isinstance(model, wrappers) else model
-
 
 def _module_items(name: str, module: nn.Module) -> list[dict]:
     params = [p for p in module.parameters()]

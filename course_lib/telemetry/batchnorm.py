@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from course_lib.telemetry.grads import unwrap
+from course_lib.wrappers import unwrap
 
 if TYPE_CHECKING:
     from course_lib.telemetry.recorder import Recorder

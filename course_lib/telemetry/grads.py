@@ -36,12 +36,6 @@ class GradRecord:
     summary: torch.Tensor  # (parameters, 1 + k): each one's norm, then its first k values
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside a DistributedDataParallel or DataParallel wrapper, else the model."""
-    wrappers = (nn.parallel.DistributedDataParallel, nn.DataParallel)
-    return model.module if isinstance(model, wrappers) else model
-
-
 def parameter_names(module: nn.Module) -> dict[int, tuple[int, str]]:
     """id(parameter) -> (position, name) in module.named_parameters()."""
     return {id(p): (i, name) for i, (name, p) in enumerate(module.named_parameters())}

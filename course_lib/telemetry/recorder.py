@@ -22,10 +22,10 @@ from course_lib.telemetry.grads import (
     make_layout,
     parameter_names,
     summarise,
-    unwrap,
 )
 from course_lib.telemetry.run_telemetry import Telemetry
 from course_lib.telemetry.sampler import RecordedSampler
+from course_lib.wrappers import unwrap
 
 WHEN = ("before", "after")
 
