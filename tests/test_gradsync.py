@@ -119,3 +119,96 @@ def test_sync_per_step_shades_the_steps_a_crash_never_reached():
     assert [t.get_text() for t in calls.get_xticklabels()] == ["0", "1", "2", "3"]
     assert any("not reached" in t.get_text() for t in diffs.texts)
     assert [t.get_text() for t in diffs.texts if not t.get_text().startswith("not")] == ["0.25"]
+
+
+# -- the lesson's other pictures: rank agreement, backward spans, bucket layouts ------------
+
+def agreement_run():
+    """Two ranks' MLP step recorded by watch_ddp, plus the true cosine per parameter."""
+    from course_lib import telemetry
+    from course_lib.teach.buckets import timed_backward
+
+    model = DDP(tiny_net())
+    rec = telemetry.Recorder()
+    rec.watch_ddp(model)
+    torch.manual_seed(100 + dist.get_rank())
+    x = torch.randn(8, 4)
+    own = [g.detach().clone() for g in torch.autograd.grad(
+        model.module(x).square().mean(), list(model.parameters()))]
+    with rec.step(0):
+        timed_backward(rec, model, model(x).square().mean())
+    cosines = []
+    for g in own:
+        everyone = [torch.empty_like(g) for _ in range(2)]
+        dist.all_gather(everyone, g)
+        cosines.append(float(nn.functional.cosine_similarity(
+            everyone[0].reshape(1, -1), everyone[1].reshape(1, -1))))
+    return cosines
+
+
+def test_rank_agreement_cosine_from_norms_is_the_true_cosine():
+    from course_lib.teach.gradsync import plot_rank_agreement
+
+    run = launch(agreement_run, 2, echo=False)
+    fig = plot_rank_agreement(run.telemetry)
+    drawn = [t.get_text() for t in fig.axes[1].texts]  # bar labels: before, then after
+    want = [f"{c:.2f}" for c in run.results[0]]
+    assert drawn[:len(want)] == want
+    assert drawn[len(want):] == ["1"] * len(want)  # identical after the all-reduce
+
+
+def test_rank_agreement_refuses_other_world_sizes():
+    from course_lib import telemetry
+    from course_lib.teach.gradsync import plot_rank_agreement
+
+    empty = telemetry.Recorder().export()
+    tel = telemetry.Telemetry.from_payloads([dict(empty, rank=r, world_size=3) for r in range(3)])
+    with pytest.raises(ValueError, match="launch it with world_size=2"):
+        plot_rank_agreement(tel)
+
+
+def test_timed_backward_splits_backward_at_the_last_gradient():
+    run = launch(agreement_run, 2, echo=False)
+    for rank in (0, 1):
+        spans = run.telemetry.spans.where(rank=rank)
+        names = spans["name"].tolist()
+        assert names == ["backward", "wait for all-reduce", "step"]
+        backward, wait = spans.where(name="backward"), spans.where(name="wait for all-reduce")
+        assert backward["start"][0] < backward["end"][0] == wait["start"][0] <= wait["end"][0]
+        comms = run.telemetry.comms.where(rank=rank)
+        assert comms["end"][0] <= wait["end"][0]  # backward returns after its all-reduce
+
+
+LAYOUTS = {None: {"calls": [1, 2, 2], "buckets": [1050624, 7354368]},
+           25: {"calls": [1, 1, 1], "buckets": [8404992]}}
+
+
+def test_bucket_layouts_draw_one_row_per_cap_and_a_segment_per_bucket():
+    from course_lib.teach.buckets import plot_bucket_layout, plot_bucket_layouts
+
+    fig = plot_bucket_layouts(LAYOUTS)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["default (not set)", "25 MB"]
+    assert len(ax.patches) == 3
+    texts = [t.get_text() for t in ax.texts]  # bucket sizes (MB), then the calls per row
+    assert texts == ["1.00", "7.01", "2 all-reduces per step", "8.02", "1 all-reduce per step"]
+    one = plot_bucket_layout(LAYOUTS, None)
+    assert "[1, 2, 2]" in one.axes[0].get_title()
+    assert any("first bucket 1 MiB" in t.get_text() for t in one.axes[0].texts)
+    with pytest.raises(ValueError, match="no run with bucket_cap_mb=4"):
+        plot_bucket_layout(LAYOUTS, 4)
+
+
+def test_bucket_explorer_redraws_from_the_cached_layouts(monkeypatch):
+    import ipywidgets as widgets
+
+    from course_lib.teach import buckets
+
+    drawn = []
+    monkeypatch.setattr(buckets, "plot_bucket_layout",
+                        lambda layouts, cap: drawn.append((layouts, cap)) or "figure")
+    slider, _ = buckets.bucket_explorer(LAYOUTS).children
+    assert isinstance(slider, widgets.SelectionSlider)
+    assert list(slider.options) == ["default (not set)", "25 MB"]
+    slider.value = "25 MB"
+    assert drawn == [(LAYOUTS, None), (LAYOUTS, 25)]  # the first cap at once, then the chosen one

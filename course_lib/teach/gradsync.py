@@ -165,9 +165,10 @@ GRADIENT_DIFFERENCE = "gradient difference"  # the scalar name plot_sync_per_ste
 
 
 def plot_sync_per_step(tel, title: str = "", steps: int | None = None, floor: float = 1e-12):
-    """Two panels over steps, one mark per rank: how many all-reduces DDP made (from
-    rec.watch_ddp), and the largest gradient difference between ranks after backward
-    (recorded as rec.scalar("gradient difference", report.max_difference)).
+    """Two panels over steps, one mark per rank: how many gradient-bucket all-reduces DDP
+    made (from rec.watch_ddp's comm hook, which does not see other collectives), and the
+    largest gradient difference between ranks after backward (recorded as
+    rec.scalar("gradient difference", report.max_difference)).
     `steps`: how many steps the job meant to run; steps with no record are shaded as not
     reached (a crash). A difference of exactly 0 is drawn at `floor` and labelled 0."""
     import numpy as np
@@ -209,12 +210,69 @@ def plot_sync_per_step(tel, title: str = "", steps: int | None = None, floor: fl
                     transform=ax.get_xaxis_transform(), ha="center", va="center")
     calls_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     calls_ax.set_ylim(0, max(2, calls_ax.get_ylim()[1] * 1.2))
-    calls_ax.set_ylabel("all-reduce calls by DDP")
-    calls_ax.set_title("DDP's all-reduces in each step's backward")
+    calls_ax.set_ylabel("gradient-bucket all-reduces")
+    calls_ax.set_title("DDP's gradient all-reduces in each step's backward")
     calls_ax.legend(fontsize="small", loc="upper left")
     diff_ax.set_yscale("log")
     diff_ax.set_ylim(floor / 3, 100)
     diff_ax.set_ylabel("largest gradient difference\nbetween ranks (0 drawn at 1e-12)")
     diff_ax.set_title("After backward: gradients equal on every rank?")
     fig.suptitle(title or "Gradient synchronisation, step by step")
+    return fig
+
+
+def plot_rank_agreement(tel, step: int | None = None):
+    """Two panels per parameter for a 2-rank run recorded with rec.watch_ddp(model): the
+    gradient norms (each rank's before the all-reduce, the average after), and how alike
+    the two ranks' gradients are (cosine similarity) before and after it.
+
+    Before: the cosine comes from the three recorded norms, since for the average
+    a = (g0 + g1) / 2, g0 . g1 = 2|a|^2 - (|g0|^2 + |g1|^2) / 2. After: 1 where both ranks
+    recorded the same norm and first values (the same gradient), else left out."""
+    import numpy as np
+
+    from course_lib.plots.style import BLACK, BLUE, GREEN, ORANGE, new_figure
+
+    if sorted(tel.ranks) != [0, 1]:
+        raise ValueError(f"plot_rank_agreement() compares two ranks; this run has ranks "
+                         f"{list(tel.ranks)}: launch it with world_size=2")
+    step = int(tel.grads["step"].max()) if step is None else step
+    rows = tel.grads.where(step=step)
+    names = [n for _, n in sorted(set(zip(rows["index"].tolist(), rows["param"].tolist())))]
+
+    def pick(rank: int, when: str, name: str) -> tuple[float, list[float]]:
+        r = rows.where(rank=rank, when=when, param=name)
+        return float(r["norm"][0]), list(r["values"][0])
+
+    g0 = np.array([pick(0, "before", n)[0] for n in names])
+    g1 = np.array([pick(1, "before", n)[0] for n in names])
+    avg = np.array([pick(0, "after", n)[0] for n in names])
+    cos_before = (2 * avg**2 - (g0**2 + g1**2) / 2) / (g0 * g1)
+    same_after = [pick(0, "after", n) == pick(1, "after", n) for n in names]
+    fig = new_figure(max(9.0, 0.8 * len(names) + 5), 4.0)
+    norm_ax, cos_ax = fig.subplots(1, 2)
+    x, w = np.arange(len(names)), 0.27
+    norm_ax.bar(x - w, g0, w, label="rank 0, before", color=BLUE, edgecolor=BLACK)
+    norm_ax.bar(x, g1, w, label="rank 1, before", color=ORANGE, hatch="//", edgecolor=BLACK)
+    norm_ax.bar(x + w, avg, w, label="after (both ranks)", color=GREEN, hatch="..",
+                edgecolor=BLACK)
+    norm_ax.set_yscale("log")
+    norm_ax.set_ylabel("gradient norm")
+    norm_ax.set_title("Gradient norm per parameter")
+    norm_ax.legend(fontsize="small")
+    bars = cos_ax.bar(x - 0.2, cos_before, 0.4, label="before the all-reduce", color=ORANGE,
+                      hatch="//", edgecolor=BLACK)
+    cos_ax.bar_label(bars, [f"{c:.2f}" for c in cos_before], fontsize="x-small")
+    after = [1.0 if same else np.nan for same in same_after]
+    bars = cos_ax.bar(x + 0.2, after, 0.4, label="after (identical = 1)", color=GREEN,
+                      hatch="..", edgecolor=BLACK)
+    cos_ax.bar_label(bars, ["1" if s else "differ" for s in same_after], fontsize="x-small")
+    cos_ax.set_ylim(min(0.0, float(np.min(cos_before))) - 0.05, 1.25)
+    cos_ax.set_ylabel("cosine similarity, rank 0 vs rank 1")
+    cos_ax.set_title("How alike are the two ranks' gradients?")
+    cos_ax.legend(fontsize="small", loc="upper left")
+    for ax in (norm_ax, cos_ax):
+        ax.set_xticks(x, names, rotation=30, ha="right", fontsize="small")
+    fig.suptitle(f"Step {step}: each rank's own gradient before DDP's all-reduce, the "
+                 "average after it")
     return fig
