@@ -31,7 +31,7 @@ RUN_ALL_TIMEOUT_MS = 120_000
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason=f"{CHROMIUM} not installed: run scripts/install-browser.sh"),
+                       reason=f"{CHROMIUM} not installed (COURSE_BROWSER=1 scripts/install-browser.sh installs it)"),
 ]
 
 
