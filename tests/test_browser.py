@@ -31,7 +31,8 @@ RUN_ALL_TIMEOUT_MS = 120_000
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                       reason=f"{CHROMIUM} not installed (COURSE_BROWSER=1 scripts/install-browser.sh installs it)"),
+                       reason=f"{CHROMIUM} not installed "
+                              "(COURSE_BROWSER=1 scripts/install-browser.sh installs it)"),
 ]
 
 
