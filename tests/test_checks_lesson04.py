@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.checks.lesson04 import check_gradient_differences, check_wrap_model
 
 NOTEBOOK = "04_gradient_sync.ipynb"
-FAST = 6  # seconds: wrong answers that desynchronise ranks fail fast, never wait this long
+FAST = 10  # seconds a launch: wrong answers that desync ranks fail fast, never wait this long
 
 
 solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
@@ -34,6 +34,18 @@ def wrap_static(model):
     return DDP(model, static_graph=True)
 
 
+def wrap_frozen(model):
+    model.head_b.requires_grad_(False)  # the fix for a head that is never trained
+    return DDP(model)
+
+
+def wrap_device_generic(model):
+    device_ids = [torch.accelerator.current_device_index()] if torch.accelerator.is_available() \
+        else None
+    return DDP(model.to(torch.accelerator.current_accelerator() or "cpu"), device_ids=device_ids,
+               find_unused_parameters=True)
+
+
 def wrap_nothing(model):
     return model
 
@@ -42,15 +54,21 @@ def wrap_a_copy(model):
     return DDP(copy.deepcopy(model), find_unused_parameters=True)
 
 
-@pytest.mark.parametrize("fn", ["solution", wrap_keywords])
+@pytest.mark.parametrize("fn", ["solution", wrap_keywords, wrap_device_generic])
 def test_wrap_model_accepts(fn, capsys):
     fn = solution("wrap_model") if fn == "solution" else fn
     accepts(check_wrap_model, fn, capsys)
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (wrap_defaults, "Tell DDP that some parameters may go unused: find_unused_parameters=True"),
-    (wrap_static, "static_graph=True promises that the same parameters are used in every step"),
+    (wrap_defaults, "on 2 ranks, training stopped at step 1 with DDP's \"Expected to have "
+                    "finished reduction in the prior iteration\": in step 0 (task a) head_b got "
+                    "no gradient"),
+    (wrap_static, "training stopped at step 2 (task b)"),
+    (wrap_static, "static_graph=True promises that every step uses the same parameters"),
+    (wrap_frozen, "you froze head_b (requires_grad False), but this job trains it at steps "
+                  "2, 4: freezing is for a part the job never trains. Then on 2 ranks, training "
+                  "stopped at step 3"),
     (wrap_nothing, "returned a MultiTask, not a DistributedDataParallel"),
     (wrap_a_copy, "wraps another module, not the model you were given"),
 ])
@@ -129,7 +147,44 @@ def differences_sum_trick(model):
     return out
 
 
-@pytest.mark.parametrize("fn", ["solution", differences_by_gather])
+def differences_with_neighbour(model):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for name, p in model.named_parameters():
+        mine, theirs = p.grad.clone(), torch.empty_like(p.grad)
+        sent = dist.isend(mine, (rank + 1) % size)
+        dist.recv(theirs, (rank - 1) % size)
+        sent.wait()
+        gap = (mine - theirs).abs().max().reshape(1)
+        dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+        out[name] = gap.item()
+    return out
+
+
+def differences_with_partner(model):
+    """Each rank against rank ^ 1 (pairs 0-1, 2-3): all pairs at 2 ranks only."""
+    out = {}
+    for name, p in model.named_parameters():
+        everyone = [torch.empty_like(p.grad) for _ in range(dist.get_world_size())]
+        dist.all_gather(everyone, p.grad)
+        partner = everyone[dist.get_rank() ^ 1]
+        gap = (p.grad - partner).abs().max().reshape(1)
+        dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+        out[name] = gap.item()
+    return out
+
+
+def differences_as_tensors_by_objects(model):
+    grads = {name: p.grad.tolist() for name, p in model.named_parameters()}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, grads)
+    return {name: float((torch.tensor([g[name] for g in everyone]).amax(0)
+                         - torch.tensor([g[name] for g in everyone]).amin(0)).max())
+            for name in grads}
+
+
+@pytest.mark.parametrize("fn", ["solution", differences_by_gather,
+                                differences_as_tensors_by_objects])
 def test_gradient_differences_accepts(fn, capsys):
     fn = solution("gradient_differences") if fn == "solution" else fn
     accepts(check_gradient_differences, fn, capsys)
@@ -138,10 +193,16 @@ def test_gradient_differences_accepts(fn, capsys):
 @pytest.mark.parametrize("fn, hint", [
     (differences_local, "Compare across ranks with a collective"),
     (differences_of_norms, "Its norm is the same on every rank"),
-    (differences_from_rank0, "the largest difference from rank 0's gradient"),
+    (differences_from_rank0, "your answer was right on 2 ranks but not on 4: fc1.weight: you "
+                             "reported 0.75, the largest difference from rank 0's gradient"),
+    (differences_with_neighbour, "right on 2 ranks but not on 4: fc2.weight: you reported 0.4, "
+                                 "the largest difference between neighbouring ranks"),
+    (differences_with_partner, "right on 2 ranks but not on 4: fc1.weight: you reported 0.5, "
+                               "expected 1"),
     (differences_on_rank0_only, "every rank must get the result"),
     (differences_weights_only, "has no entry for fc1.bias, fc2.bias"),
-    (differences_sum_trick, "fc1.weight: you reported"),
+    (differences_sum_trick, "your answer was right on 2 ranks but not on 4: fc1.weight: you "
+                            "reported"),
 ])
 def test_gradient_differences_rejects(fn, hint, capsys):
     rejects(check_gradient_differences, fn, hint, capsys)

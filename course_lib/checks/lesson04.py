@@ -3,7 +3,6 @@ measure how far the ranks' gradients are apart."""
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Callable
 from typing import Any
@@ -13,26 +12,27 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, on_ranks, run_check
+from course_lib.checks.common import (
+    CHECK_TIMEOUT,
+    Rejected,
+    at_world_sizes,
+    close,
+    differing,
+    listing,
+    run_check,
+    state_snapshot,
+)
 from course_lib.checks.result import CheckResult
 
-WRAP_WORLD_SIZE = 2
+WRAP_WORLD_SIZES = (2, 3)
 TASKS = "aabab"  # step 0 leaves head_b unused; the set of used heads changes from step 2 on
-BATCH = 8  # per step, split evenly over the ranks
+BATCH = 12  # per step, split evenly over 2 or 3 ranks (equal shards: DDP's mean is exact)
 SEED = 4
-DIFF_WORLD_SIZE = 3
+DIFF_WORLD_SIZES = (2, 4)
 
-# (fragment of a rank's error, hint): the errors a wrong wrapping meets, each explained.
-WRAP_ERRORS = (
-    ("Expected to have finished reduction",
-     "training crashed at step 1 with DDP's \"Expected to have finished reduction in the "
-     "prior iteration\": in step 0 head_b got no gradient, so DDP never all-reduced its "
-     "bucket. Tell DDP that some parameters may go unused: find_unused_parameters=True."),
-    ("training graph has changed",
-     "static_graph=True promises that the same parameters are used in every step, but this "
-     "job switches between the heads (\"Your training graph has changed in this "
-     "iteration\"). Use find_unused_parameters=True, which finds the unused ones every step."),
-)
+# DDP's own error texts, caught on the rank, with what they mean for this job.
+UNFINISHED = "Expected to have finished reduction"
+GRAPH_CHANGED = "training graph has changed"
 
 
 # -- wrap_model(model) -> a DDP model that trains a multi-task network ------------------------
@@ -57,10 +57,14 @@ def task_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(BATCH, 6, generator=gen), torch.randint(0, 3, (BATCH,), generator=gen)
 
 
-def train(model: nn.Module, forward: Callable, rank: int, world_size: int) -> None:
-    """SGD over TASKS on this rank's share of every step's batch."""
+def train(model: nn.Module, forward: Callable, rank: int, world_size: int,
+          progress: dict[str, Any] | None = None) -> None:
+    """SGD over TASKS on this rank's share of every step's batch; `progress["step"]` says
+    which step is running (so a crash can be placed)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     for step, task in enumerate(TASKS):
+        if progress is not None:
+            progress["step"] = step
         x, y = task_batch(step)
         loss = nn.functional.cross_entropy(forward(x[rank::world_size], task),
                                            y[rank::world_size])
@@ -70,6 +74,7 @@ def train(model: nn.Module, forward: Callable, rank: int, world_size: int) -> No
 
 
 def _wrap_on_rank(fn: Callable) -> dict[str, Any]:
+    """fn(model) on this rank, then the job; what the learner's wrapper was and did."""
     torch.manual_seed(SEED)
     model = MultiTask()
     wrapped = fn(model)
@@ -77,9 +82,17 @@ def _wrap_on_rank(fn: Callable) -> dict[str, Any]:
         return {"type": type(wrapped).__name__}
     if wrapped.module is not model:
         return {"type": "DistributedDataParallel", "other_module": True}
-    train(model, wrapped, dist.get_rank(), dist.get_world_size())
-    return {"type": "DistributedDataParallel",
-            "weights": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    frozen = [k for k, p in model.named_parameters() if not p.requires_grad]
+    progress: dict[str, Any] = {}
+    try:
+        train(model, wrapped, dist.get_rank(), dist.get_world_size(), progress)
+    except RuntimeError as error:  # DDP's own refusals happen alike on every rank
+        if UNFINISHED not in str(error) and GRAPH_CHANGED not in str(error):
+            raise
+        return {"type": "DistributedDataParallel", "frozen": frozen,
+                "crash": str(error), "step": progress["step"]}
+    return {"type": "DistributedDataParallel", "frozen": frozen,
+            "weights": state_snapshot(model)}
 
 
 def reference_weights() -> dict[str, torch.Tensor]:
@@ -89,22 +102,29 @@ def reference_weights() -> dict[str, torch.Tensor]:
         torch.manual_seed(SEED)
         model = MultiTask()
     train(model, model, 0, 1)
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return state_snapshot(model)
 
 
 def check_wrap_model(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
     """fn(model) must return the model wrapped in DDP so that a job switching between the
     two heads trains on every rank exactly as one process does on the whole batches."""
     def judge() -> str:
-        results = on_ranks(_wrap_on_rank, fn, WRAP_WORLD_SIZE, timeout=timeout,
-                               known=WRAP_ERRORS)
-        _judge_wrap(results, reference_weights())
+        want = reference_weights()
+        for n, results in at_world_sizes(_wrap_on_rank, fn, WRAP_WORLD_SIZES,
+                                         timeout=timeout):
+            _judge_wrap(results, want, n)
         return (f"trained {len(TASKS)} steps of tasks {', '.join(TASKS)} on "
-                f"{WRAP_WORLD_SIZE} ranks; every rank's weights equal one process's.")
+                f"{listing(WRAP_WORLD_SIZES)} ranks; every rank's weights equal one "
+                "process's.")
     return run_check("check_wrap_model", fn, judge)
 
 
-def _judge_wrap(results: list[dict[str, Any]], want: dict[str, torch.Tensor]) -> None:
+def _unused_head(step: int) -> str:
+    """The head that step `step` left without a gradient."""
+    return "head_b" if TASKS[step] == "a" else "head_a"
+
+
+def _judge_wrap(results: list[dict[str, Any]], want: dict[str, torch.Tensor], n: int) -> None:
     for rank, got in enumerate(results):
         if got["type"] != "DistributedDataParallel":
             raise Rejected(f"on rank {rank} wrap_model() returned a {got['type']}, not a "
@@ -113,13 +133,44 @@ def _judge_wrap(results: list[dict[str, Any]], want: dict[str, torch.Tensor]) ->
         if got.get("other_module"):
             raise Rejected("the DDP you returned wraps another module, not the model you "
                            "were given: wrap `model` itself.")
-    for rank, got in enumerate(results):
-        wrong = [k for k, w in want.items()
-                 if not torch.allclose(got["weights"][k], w, rtol=1e-4, atol=1e-6)]
-        if wrong:
-            raise Rejected(f"after training, rank {rank}'s {', '.join(wrong)} differ from "
-                           "what one process computes on the whole batches. Pass the model "
-                           "to DDP unchanged, with find_unused_parameters=True.")
+    got = results[0]
+    frozen = sorted({k.split(".")[0] for k in got["frozen"]})
+    if "crash" in got:
+        raise Rejected(_frozen_note(frozen) + _crash_hint(got, n))
+    for rank, mine in enumerate(results):
+        wrong = differing(mine["weights"], want)
+        if not wrong:
+            continue
+        if frozen:
+            raise Rejected(f"{_frozen_note(frozen)}after training, rank {rank}'s "
+                           f"{', '.join(wrong)} differ from one process's. Use "
+                           "find_unused_parameters=True instead.")
+        raise Rejected(f"after training on {n} ranks, rank {rank}'s {', '.join(wrong)} differ "
+                       "from what one process computes on the whole batches. Pass the model "
+                       "to DDP unchanged, with find_unused_parameters=True.")
+
+
+def _frozen_note(frozen: list[str]) -> str:
+    """The learner froze parts that this job trains: say which, and at which steps."""
+    if not frozen:
+        return ""
+    used = [str(s) for s, t in enumerate(TASKS) if f"head_{t}" in frozen or "body" in frozen]
+    return (f"you froze {', '.join(frozen)} (requires_grad False), but this job trains it at "
+            f"steps {', '.join(used)}: freezing is for a part the job never trains. Then ")
+
+
+def _crash_hint(got: dict[str, Any], n: int) -> str:
+    """What DDP's refusal at this step of this run means."""
+    step, first = got["step"], got["crash"].splitlines()[0]
+    if GRAPH_CHANGED in got["crash"]:
+        return (f"on {n} ranks, training stopped at step {step} (task {TASKS[step]}): "
+                f"\"{first[:90]}...\". static_graph=True promises that every step uses the "
+                "same parameters, and this job switches between the heads. Use "
+                "find_unused_parameters=True, which finds the unused ones every step.")
+    return (f"on {n} ranks, training stopped at step {step} with DDP's \"{UNFINISHED} in the "
+            f"prior iteration\": in step {step - 1} (task {TASKS[step - 1]}) "
+            f"{_unused_head(step - 1)} got no gradient, so DDP never all-reduced its bucket. "
+            "Tell DDP that some parameters may go unused: find_unused_parameters=True.")
 
 
 # -- gradient_differences(model) -> {name: largest difference between any two ranks} ---------
@@ -137,32 +188,49 @@ def base_grads() -> dict[str, torch.Tensor]:
     return {k: torch.randn(shape, generator=gen) for k, shape in shapes.items()}
 
 
+# Desynchronised: one element of fc1.weight and of fc2.weight moved by these amounts per rank.
+# On 4 ranks the largest fc1.weight gap is between ranks 1 and 2 (rank 0 is not in it) and
+# the largest fc2.weight gap between ranks 0 and 2 (not neighbours, not a pair r, r ^ 1).
+FC1_NUDGE = {1: -0.25, 2: 0.75, 3: 0.25}
+FC2_NUDGE = {0: -0.4, 2: 0.4}
+
+
 def rank_grads(rank: int, desync: bool) -> dict[str, torch.Tensor]:
-    """Each rank's gradients. Desynchronised: fc1.weight nudged on ranks 1 and 2 (in
-    opposite directions), fc1.bias permuted on rank 2 and fc2.bias negated on rank 1 (the
-    same norm and, for the permutation, the same sum on every rank); fc2.weight equal."""
+    """Each rank's gradients. Desynchronised: the nudges above, fc1.bias permuted on rank 2
+    and fc2.bias negated on rank 1 (the same norm on every rank, and for the permutation the
+    same sum)."""
     grads = {k: g.clone() for k, g in base_grads().items()}
     if desync:
+        grads["fc1.weight"][0, 0] += FC1_NUDGE.get(rank, 0.0)
+        grads["fc2.weight"][1, 1] += FC2_NUDGE.get(rank, 0.0)
         if rank == 1:
-            grads["fc1.weight"][0, 0] -= 0.25
             grads["fc2.bias"] = -grads["fc2.bias"]
         if rank == 2:
-            grads["fc1.weight"][0, 0] += 0.75
             grads["fc1.bias"] = grads["fc1.bias"].flip(0)
     return grads
 
 
+def _spread(values: list[torch.Tensor]) -> float:
+    stacked = torch.stack(values)
+    return float((stacked.amax(0) - stacked.amin(0)).max())
+
+
 def true_differences(world_size: int, desync: bool) -> dict[str, float]:
     grads = [rank_grads(r, desync) for r in range(world_size)]
-    return {k: float((torch.stack([g[k] for g in grads]).amax(0)
-                      - torch.stack([g[k] for g in grads]).amin(0)).max())
-            for k in grads[0]}
+    return {k: _spread([g[k] for g in grads]) for k in grads[0]}
 
 
 def from_rank0_differences(world_size: int, desync: bool) -> dict[str, float]:
     """What comparing every rank with rank 0 only gives (a plausible mistake)."""
     grads = [rank_grads(r, desync) for r in range(world_size)]
     return {k: max(float((g[k] - grads[0][k]).abs().max()) for g in grads) for k in grads[0]}
+
+
+def neighbour_differences(world_size: int, desync: bool) -> dict[str, float]:
+    """What comparing each rank with the next one (in a ring) only gives."""
+    grads = [rank_grads(r, desync) for r in range(world_size)]
+    return {k: max(float((g[k] - grads[(r + 1) % world_size][k]).abs().max())
+                   for r, g in enumerate(grads)) for k in grads[0]}
 
 
 def _differences_on_rank(fn: Callable, desync: bool) -> Any:
@@ -181,31 +249,40 @@ def check_gradient_differences(fn: Callable, timeout: float = CHECK_TIMEOUT) -> 
     """fn(model), called on every rank after backward, must return on every rank
     {parameter name: largest absolute difference between any two ranks' gradients}."""
     def judge() -> str:
-        n = DIFF_WORLD_SIZE
         for desync in (False, True):
-            results = on_ranks(_differences_on_rank, fn, n, (desync,), timeout)
-            _judge_differences(results, true_differences(n, desync),
-                               from_rank0_differences(n, desync))
-        found = true_differences(n, True)
+            passed: list[int] = []  # the world sizes this answer got right, with this data
+            for n, results in at_world_sizes(_differences_on_rank, fn, DIFF_WORLD_SIZES,
+                                             (desync,), timeout):
+                _judge_differences(results, n, desync, passed)
+                passed.append(n)
+        found = true_differences(DIFF_WORLD_SIZES[-1], True)
         shown = ", ".join(f"{k} {v:.3g}" for k, v in found.items())
-        return (f"on {n} ranks: 0 everywhere when the gradients agree, and exactly the "
-                f"differences made on purpose when they do not ({shown}).")
+        return (f"on {listing(DIFF_WORLD_SIZES)} ranks: 0 everywhere when the gradients "
+                f"agree, and exactly the differences made on purpose when they do not (on "
+                f"{DIFF_WORLD_SIZES[-1]} ranks: {shown}).")
     return run_check("check_gradient_differences", fn, judge)
 
 
-def _judge_differences(results: list[Any], want: dict[str, float],
-                       from_rank0: dict[str, float]) -> None:
+def _judge_differences(results: list[Any], n: int, desync: bool, passed: list[int]) -> None:
+    want = true_differences(n, desync)
     _check_shape(0, results[0], want)
     for rank, got in enumerate(results[1:], start=1):
         if got != results[0]:
-            raise Rejected(f"rank {rank} returned {_fmt(got)} but rank 0 returned "
-                           f"{_fmt(results[0])}: every rank must get the result (all_reduce "
-                           "or all_gather, not reduce or gather to one rank).")
+            raise Rejected(f"on {n} ranks, rank {rank} returned {_fmt(got)} but rank 0 "
+                           f"returned {_fmt(results[0])}: every rank must get the result "
+                           "(all_reduce or all_gather, not reduce or gather to one rank).")
     got = results[0]
-    wrong = [k for k, v in want.items()
-             if not math.isclose(got[k], v, rel_tol=1e-5, abs_tol=1e-7)]
+    wrong = [k for k, v in want.items() if not close(got[k], v)]
     if not wrong:
         return
+    lead = (f"your answer was right on {listing(passed)} ranks but not on {n}: " if passed
+            else f"on {n} ranks, ")
+    raise Rejected(lead + _differences_hint(got, want, wrong, n, desync))
+
+
+def _differences_hint(got: dict[str, Any], want: dict[str, float], wrong: list[str], n: int,
+                      desync: bool) -> str:
+    """What this answer's wrong numbers look like: a summary, rank 0 or neighbours only."""
     if zeros := [k for k in wrong if got[k] == 0]:
         name = zeros[0]
         if any(got[k] > 0 for k in want):
@@ -215,16 +292,20 @@ def _judge_differences(results: list[Any], want: dict[str, float],
         else:
             why = (" Compare across ranks with a collective: all_gather the gradients, or "
                    "all_reduce copies with op MAX and with op MIN.")
-        raise Rejected(f"you reported 0 for {name}, but the ranks' gradients differ by up "
-                       f"to {want[name]:.4g}.{why}")
+        return (f"you reported 0 for {name}, but the ranks' gradients differ by up to "
+                f"{want[name]:.4g}.{why}")
     name = wrong[0]
-    if all(math.isclose(got[k], from_rank0[k], rel_tol=1e-5) for k in wrong):
-        raise Rejected(f"{name}: you reported {got[name]:.4g}, the largest difference from "
-                       f"rank 0's gradient; between ranks 1 and 2 it is {want[name]:.4g}. "
-                       "Take the largest minus the smallest value over all ranks.")
-    raise Rejected(f"{name}: you reported {got[name]:.4g}, expected {want[name]:.4g} (the "
-                   "largest, over its elements, of the largest minus the smallest value over "
-                   "ranks).")
+    if all(close(got[k], v) for k, v in from_rank0_differences(n, desync).items() if k in wrong):
+        return (f"{name}: you reported {got[name]:.4g}, the largest difference from rank 0's "
+                f"gradient; the largest between any two ranks is {want[name]:.4g} (between "
+                "two ranks other than 0). Take the largest minus the smallest value over all "
+                "ranks.")
+    if all(close(got[k], v) for k, v in neighbour_differences(n, desync).items() if k in wrong):
+        return (f"{name}: you reported {got[name]:.4g}, the largest difference between "
+                f"neighbouring ranks; ranks further apart differ by {want[name]:.4g}. Compare "
+                "all ranks at once: the largest minus the smallest value over all ranks.")
+    return (f"{name}: you reported {got[name]:.4g}, expected {want[name]:.4g} (the largest, "
+            "over its elements, of the largest minus the smallest value over ranks).")
 
 
 def _check_shape(rank: int, got: Any, want: dict[str, float]) -> None:
