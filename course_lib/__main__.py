@@ -16,6 +16,8 @@ COMMANDS = {
                  "the pitfall coverage table of the lessons, or write it into README.md"),
     "exercises": ("course_lib.authoring.exercises",
                   "generate exercises/ from solutions/ (build), or check it is fresh"),
+    "run-times": ("course_lib.authoring.run_times",
+                  "write each notebook's measured time (from a test run) into the README"),
 }
 
 
