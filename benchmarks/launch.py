@@ -1,12 +1,16 @@
-"""Launch benchmark: cold and warm launch times vs torch.multiprocessing.spawn, time from a
-fault to its error, and a leak check over 200 launches.
+"""Launch benchmark: a trivial cell and a real training cell, cold and warm, against
+torch.multiprocessing.spawn (and accelerate's notebook_launcher where it is installed), the
+memory it takes, the time from a fault to its error, and a leak check over 200 launches.
 
-Run:  .venv/bin/python benchmarks/launch.py          (about 2 minutes on 2 cores)
-Each launch does the same work: init the process group, one all-reduce, results back.
+Run:  .venv/bin/python benchmarks/launch.py          (about 5 minutes on 2 cores)
+The trivial cell: init the process group, one all-reduce, results back. The training cell:
+DDP around an 8-32-1 MLP, SGD, 20 steps (optionally with the course's telemetry recorder).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import socket
@@ -15,16 +19,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib import DistributedError, launch
+from course_lib import DistributedError, launch, telemetry
 
-COLD_RUNS, WARM_RUNS, SPAWN_RUNS, STRESS_LAUNCHES = 5, 20, 5, 200
+COLD_RUNS, WARM_RUNS, SPAWN_RUNS, STRESS_LAUNCHES = 3, 20, 3, 200
 
 
 def one_all_reduce() -> float:
@@ -33,60 +41,173 @@ def one_all_reduce() -> float:
     return t.item()
 
 
-def cold_launch_seconds(world_size: int) -> float:
-    """The first launch in a fresh Python process that has already imported torch."""
-    code = ("import time, torch, torch.distributed as dist, course_lib\n"
-            "def f():\n    t = torch.ones(1); dist.all_reduce(t); return t.item()\n"
-            "import cloudpickle, sys; cloudpickle.register_pickle_by_value(sys.modules[__name__])\n"
-            f"s = time.perf_counter(); course_lib.launch(f, {world_size}, echo=False)\n"
-            "print(time.perf_counter() - s)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+def train_cell(record: bool = False) -> dict:
+    """A lesson's training cell. It sets up its own process group where the launcher has
+    not (mp.spawn, accelerate), as a torchrun script would."""
+    own_group = not dist.is_initialized()
+    if own_group:
+        dist.init_process_group("gloo")
+    model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = telemetry.Recorder(enabled=record)
+    if record:
+        rec.watch_ddp(model)
+    for step in range(20):
+        with rec.step(step):
+            x, y = torch.randn(16, 8), torch.randn(16, 1)
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            rec.scalar("loss", loss)
+    uss = psutil.Process().memory_full_info().uss
+    if own_group:
+        del model, opt
+        dist.destroy_process_group()
+    return {"loss": loss.item(), "uss": uss}
 
 
-def warm_launch_seconds(world_size: int) -> list[float]:
-    launch(one_all_reduce, world_size, echo=False)
-    times = []
-    for _ in range(WARM_RUNS):
-        start = time.perf_counter()
-        run = launch(one_all_reduce, world_size, echo=False)
-        times.append(time.perf_counter() - start)
-        assert run.results == [float(world_size)] * world_size
-    return times
+def train_cell_recorded() -> dict:
+    return train_cell(record=True)
 
 
-def _spawn_worker(rank: int, world_size: int, port: int, queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
-    queue.put((rank, one_all_reduce()))
-    dist.destroy_process_group()
+# -- other launchers, the same cell ---------------------------------------------------------
 
-
-def spawn_seconds(world_size: int) -> float:
-    """The same work with torch.multiprocessing.spawn (fresh interpreters each time)."""
-    queue = tmp.get_context("spawn").SimpleQueue()
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def _spawn_entry(rank: int, world_size: int, port: int, fn: Callable, queue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    queue.put(fn())
+
+
+def spawn_seconds(fn: Callable, world_size: int) -> float:
+    """fn on world_size ranks with torch.multiprocessing.spawn (fresh interpreters)."""
+    queue = tmp.get_context("spawn").SimpleQueue()
     start = time.perf_counter()
-    tmp.spawn(_spawn_worker, args=(world_size, port, queue), nprocs=world_size)
+    tmp.spawn(_spawn_entry, args=(world_size, _free_port(), fn, queue), nprocs=world_size)
     results = [queue.get() for _ in range(world_size)]
     took = time.perf_counter() - start
-    assert sorted(v for _, v in results) == [float(world_size)] * world_size
+    assert len(results) == world_size
     return took
 
 
-def launch_table() -> list[str]:
-    rows = ["| ranks | cold launch (median of 5) | warm launch median (p90) of 20 | "
-            "mp.spawn median of 5 | warm speed-up |", "|---|---|---|---|---|"]
+def accelerate_seconds(fn: Callable, world_size: int) -> float | None:
+    """fn with accelerate's notebook_launcher (fork + elastic agent), or None without it."""
+    try:
+        from accelerate import notebook_launcher
+    except ImportError:
+        return None
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        notebook_launcher(fn, num_processes=world_size, use_port=str(_free_port()))
+    return time.perf_counter() - start
+
+
+def warm_seconds(fn: Callable, world_size: int, runs: int = WARM_RUNS) -> list[float]:
+    launch(fn, world_size, echo=False)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        launch(fn, world_size, echo=False)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _median(fn: Callable[[], float | None], runs: int) -> float | None:
+    values = [fn() for _ in range(runs)]
+    return None if None in values else statistics.median(values)
+
+
+def _s(value: float | None, digits: int = 2) -> str:
+    return "not installed" if value is None else f"{value:.{digits}f} s"
+
+
+def trivial_table() -> list[str]:
+    rows = ["| ranks | warm launch median (p90) of 20 | mp.spawn median of 3 | speed-up |",
+            "|---|---|---|---|"]
     for n in (2, 4):
-        cold = statistics.median(cold_launch_seconds(n) for _ in range(COLD_RUNS))
-        warm = warm_launch_seconds(n)
-        spawn = statistics.median(spawn_seconds(n) for _ in range(SPAWN_RUNS))
+        warm = warm_seconds(one_all_reduce, n)
+        spawn = _median(lambda n=n: spawn_seconds(one_all_reduce, n), SPAWN_RUNS)
         med, p90 = statistics.median(warm), statistics.quantiles(warm, n=10)[-1]
-        rows.append(f"| {n} | {cold:.2f} s | {med:.3f} s ({p90:.3f} s) | {spawn:.2f} s | "
-                    f"{spawn / med:.0f}x |")
+        rows.append(f"| {n} | {med:.3f} s ({p90:.3f} s) | {spawn:.2f} s | {spawn / med:.0f}x |")
+    return rows
+
+
+def training_table() -> list[str]:
+    rows = ["| ranks | course_lib warm, median (p90) of 20 | with telemetry | mp.spawn | "
+            "accelerate notebook_launcher | vs spawn | vs accelerate |",
+            "|---|---|---|---|---|---|---|"]
+    for n in (2, 4):
+        warm = warm_seconds(train_cell, n)
+        recorded = statistics.median(warm_seconds(train_cell_recorded, n))
+        spawn = _median(lambda n=n: spawn_seconds(train_cell, n), SPAWN_RUNS)
+        acc = _median(lambda n=n: accelerate_seconds(train_cell, n), SPAWN_RUNS)
+        med, p90 = statistics.median(warm), statistics.quantiles(warm, n=10)[-1]
+        vs_acc = "-" if acc is None else f"{acc / med:.0f}x"
+        rows.append(f"| {n} | {med:.3f} s ({p90:.3f} s) | {recorded:.3f} s | {spawn:.2f} s | "
+                    f"{_s(acc)} | {spawn / med:.0f}x | {vs_acc} |")
+    return rows
+
+
+COLD_CODE = """
+import sys, time
+start = time.perf_counter()
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch_s = time.perf_counter() - start
+start = time.perf_counter()
+from course_lib import launch
+import_s = time.perf_counter() - start
+time.sleep({delay})
+def cell():
+    model = DDP(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(20):
+        opt.zero_grad(); model(torch.randn(16, 8)).sum().backward(); opt.step()
+import cloudpickle; cloudpickle.register_pickle_by_value(sys.modules[__name__])
+start = time.perf_counter(); launch(cell, 2, echo=False)
+print(import_s, time.perf_counter() - start)
+"""
+
+
+def cold_seconds(delay: float) -> tuple[float, float]:
+    """(import course_lib's launch, first training launch) in a fresh Python process."""
+    out = subprocess.run([sys.executable, "-c", COLD_CODE.format(delay=delay)],
+                         capture_output=True, text=True, check=True)
+    import_s, first_s = out.stdout.split()[-2:]
+    return float(import_s), float(first_s)
+
+
+def cold_table() -> list[str]:
+    rows = ["| first training launch (2 ranks), fresh process | import of `launch` | "
+            "first launch, median of 3 |", "|---|---|---|"]
+    for delay, when in ((0, "right after `from course_lib import launch`"),
+                        (5, "5 s after it")):
+        runs = [cold_seconds(delay) for _ in range(COLD_RUNS)]
+        rows.append(f"| {when} | {statistics.median(r[0] for r in runs):.3f} s | "
+                    f"{statistics.median(r[1] for r in runs):.2f} s |")
+    return rows
+
+
+def memory_table() -> list[str]:
+    """The forkserver's resident memory and each training rank's own pages (USS): pages
+    shared copy-on-write with the forkserver are not counted, as they cost nothing more."""
+    from multiprocessing import forkserver
+
+    launch(train_cell, 2, echo=False)
+    server = psutil.Process(forkserver._forkserver._forkserver_pid)
+    rows = ["| process | memory |", "|---|---|",
+            f"| forkserver (RSS, torch and the preloaded modules) | "
+            f"{server.memory_info().rss / 2**20:.0f} MiB |"]
+    for n in (2, 4):
+        uss = [r["uss"] / 2**20 for r in launch(train_cell, n, echo=False).results]
+        rows.append(f"| training rank, {n} ranks (USS, max of ranks) | {max(uss):.0f} MiB |")
     return rows
 
 
@@ -158,7 +279,8 @@ def stress_table() -> list[str]:
 def main() -> None:
     print(f"# launch benchmark: torch {torch.__version__}, {os.cpu_count()} cores, "
           f"Python {sys.version.split()[0]}\n")
-    for table in (launch_table, fault_table, stress_table):
+    for table in (trivial_table, training_table, cold_table, memory_table, fault_table,
+                  stress_table):
         print("\n".join(table()), end="\n\n", flush=True)
 
 

@@ -111,7 +111,7 @@ class _Popen(popen_forkserver.Popen):
 
 class _Process(context.ForkServerProcess):
     @staticmethod
-    def _Popen(process_obj: Any) -> _Popen:  # noqa: N802 - multiprocessing's name
+    def _Popen(process_obj: Any) -> _Popen:
         return _Popen(process_obj)
 
 

@@ -167,7 +167,7 @@ def _release_distributed() -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.collect()
-    except Exception:  # noqa: BLE001, S110 - the rank's outcome is already reported
+    except Exception:  # noqa: BLE001 - the rank's outcome is already reported
         pass
     timer.cancel()
 
