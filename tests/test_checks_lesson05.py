@@ -1,11 +1,13 @@
 """Lesson 05's checks accept the worked solutions and differently written correct answers, and
 reject plausible wrong answers, each with the hint that names what went wrong."""
 
+import copy
 
 import pytest
 import torch
 import torch.distributed as dist
 from checking import check_helpers
+from torch import nn
 
 from course_lib.checks.lesson05 import check_evaluate, check_global_batch_stats
 
@@ -15,7 +17,6 @@ EVAL_TIMEOUT = 20  # the evaluate check trains a DDP model first; its hangs end 
 
 
 solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
-
 
 
 # -- global_batch_stats -----------------------------------------------------------------------
@@ -55,6 +56,44 @@ def stats_average_of_variances(x):
     return mean, var / totals[-1]
 
 
+def stats_gathered_like_torch(x):
+    """As nn.SyncBatchNorm does: gather every rank's (mean, var, count), combine by count."""
+    c = x.shape[1]
+    mine = torch.cat([x.mean(0), x.var(0, unbiased=False), torch.tensor([float(len(x))])])
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    means, variances, counts = torch.stack(everyone).split([c, c, 1], dim=1)
+    mean = (counts * means).sum(0) / counts.sum()
+    return mean, (counts * (variances + (means - mean) ** 2)).sum(0) / counts.sum()
+
+
+def stats_gathered_from_two_ranks(x):
+    """Right on 2 ranks only: the gather list has room for two."""
+    c = x.shape[1]
+    mine = torch.cat([x.sum(0), (x * x).sum(0), torch.tensor([float(len(x))])])
+    both = [torch.empty_like(mine), torch.empty_like(mine)]
+    dist.all_gather(both, mine)
+    totals = both[0] + both[1]
+    mean = totals[:c] / totals[-1]
+    return mean, totals[c:2 * c] / totals[-1] - mean * mean
+
+
+def stats_reduced_temporaries(x):
+    """all_reduce on temporaries: the reduced sums are thrown away."""
+    dist.all_reduce(x.sum(0))
+    dist.all_reduce((x * x).sum(0))
+    return x.mean(0), x.var(0, unbiased=False)
+
+
+def stats_count_times_world_size(x):
+    """Assumes every rank holds as many rows as this one."""
+    sums = torch.cat([x.sum(0), (x * x).sum(0)]).double()
+    dist.all_reduce(sums)
+    c, n = x.shape[1], len(x) * dist.get_world_size()
+    mean = sums[:c] / n
+    return mean, sums[c:] / n - mean * mean
+
+
 def stats_unbiased(x):
     totals = torch.cat([x.sum(0), (x * x).sum(0), torch.tensor([float(len(x))])]).double()
     dist.all_reduce(totals)
@@ -71,14 +110,18 @@ def stats_on_rank0_only(x):
     return mean, totals[c:2 * c] / n - mean * mean
 
 
-@pytest.mark.parametrize("fn", ["solution", stats_by_gather])
+@pytest.mark.parametrize("fn", ["solution", stats_by_gather, stats_gathered_like_torch])
 def test_global_batch_stats_accepts(fn, capsys):
     fn = solution("global_batch_stats") if fn == "solution" else fn
     accepts(check_global_batch_stats, fn, capsys)
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (stats_local, "returned the statistics of its own 2 rows"),
+    (stats_local, "on 2 ranks holding 6 and 3 rows, rank 0 returned the statistics of its "
+                  "own 6 rows only, and called no collective"),
+    (stats_reduced_temporaries, "although it called all_reduce: the combined result was not"),
+    (stats_count_times_world_size, "divided by 12 (its own 6 rows times 2 ranks)"),
+    (stats_gathered_from_two_ranks, "right on 2 ranks, wrong on 4"),
     (stats_average_of_means, "the plain average of the ranks' own means"),
     (stats_average_of_variances, "misses how far apart their means are"),
     (stats_unbiased, "the unbiased one (divided by N - 1)"),
@@ -98,6 +141,45 @@ def evaluate_keeping_the_mode(model, x, y):
         correct = (net(x).argmax(dim=1) == y).sum()
     net.train(was_training)
     return correct / len(y)  # a one-element tensor is accepted too
+
+
+def evaluate_a_copy(model, x, y):
+    """A copy of the trained network, in eval mode: the model itself is never touched."""
+    net = copy.deepcopy(model.module).eval()
+    with torch.no_grad():
+        return (net(x).argmax(1) == y).float().mean().item()
+
+
+def evaluate_a_rebuilt_network(model, x, y):
+    """The same architecture, rebuilt and loaded with the trained weights: correct too."""
+    net = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    net.load_state_dict(model.module.state_dict())
+    net.eval()
+    with torch.no_grad():
+        return (net(x).argmax(1) == y).float().mean().item()
+
+
+def evaluate_a_fresh_network(model, x, y):
+    """A new, untrained network of the same shape: not the model it was given."""
+    net = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    net.eval()
+    with torch.no_grad():
+        return (net(x).argmax(1) == y).float().mean().item()
+
+
+def evaluate_a_copy_in_training_mode(model, x, y):
+    """A copy keeps the model's statistics, but BatchNorm still uses the batch's own."""
+    net = copy.deepcopy(model.module)
+    with torch.no_grad():
+        return (net(x).argmax(1) == y).float().mean().item()
+
+
+def evaluate_in_percent(model, x, y):
+    net = model.module.eval()
+    with torch.no_grad():
+        accuracy = 100 * (net(x).argmax(1) == y).float().mean().item()
+    net.train()
+    return accuracy
 
 
 def evaluate_through_the_wrapper(model, x, y):
@@ -127,7 +209,8 @@ def evaluate_counting_correct(model, x, y):
     return correct
 
 
-@pytest.mark.parametrize("fn", ["solution", evaluate_keeping_the_mode])
+@pytest.mark.parametrize("fn", ["solution", evaluate_keeping_the_mode, evaluate_a_copy,
+                                evaluate_a_rebuilt_network])
 def test_evaluate_accepts(fn, capsys):
     fn = solution("evaluate") if fn == "solution" else fn
     accepts(check_evaluate, fn, capsys, timeout=EVAL_TIMEOUT)
@@ -135,9 +218,14 @@ def test_evaluate_accepts(fn, capsys):
 
 @pytest.mark.parametrize("fn, hint", [
     (evaluate_through_the_wrapper, "started a broadcast of the BatchNorm buffers"),
-    (evaluate_in_training_mode, "changed BatchNorm's running statistics"),
-    (evaluate_left_in_eval_mode, "still in eval mode"),
-    (evaluate_counting_correct, "compute the share of rows"),
+    (evaluate_in_training_mode, "BatchNorm ran in training mode (1 of its 1 forwards)"),
+    (evaluate_left_in_eval_mode, "on 2 ranks (rank 0 evaluating, the others waiting): after "
+                                 "evaluate() the model is still in eval mode"),
+    (evaluate_counting_correct, "the number of correct rows: divide by the number of rows (64)"),
+    (evaluate_in_percent, "a percentage"),
+    (evaluate_a_fresh_network, "without running the model it was given"),
+    (evaluate_a_copy_in_training_mode, "the accuracy with BatchNorm in training mode (the given "
+                                       "model's BatchNorm ran 1 forward(s) in training mode)"),
 ])
 def test_evaluate_rejects(fn, hint, capsys):
     rejects(check_evaluate, fn, hint, capsys, timeout=EVAL_TIMEOUT)
