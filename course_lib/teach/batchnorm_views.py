@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import ipywidgets as widgets
 import numpy as np
 import torch
+from IPython.display import display
 from matplotlib.figure import Figure
 from torch import nn
 
@@ -82,12 +84,9 @@ def plot_gap_by_batch_size(by_size: Mapping[int, Sequence[Sequence[Share]]]) -> 
     return fig
 
 
-def batch_size_explorer(by_size: Mapping[int, Sequence[Sequence[Share]]]) -> object:
+def batch_size_explorer(by_size: Mapping[int, Sequence[Sequence[Share]]]) -> widgets.Widget:
     """A slider over the per-rank batch sizes of `by_size`; each move redraws, from the
     stored results, what each rank's BatchNorm did with its share of the first global batch."""
-    import ipywidgets as widgets
-    from IPython.display import display
-
     sizes = sorted(by_size)
     slider = widgets.SelectionSlider(options=sizes, value=sizes[0],
                                      description="per rank", continuous_update=False)
