@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from checking import check_helpers
+from torch import nn
 
 from course_lib import rank_device
 from course_lib.checks.lesson02 import check_pick_device, check_to_device
@@ -54,7 +55,27 @@ def device_as_number():
     return int(os.environ["LOCAL_RANK"]) if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("fn", ["solution", device_by_set_device])
+def device_by_accelerator():
+    if torch.accelerator.is_available():
+        torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]))
+        return torch.accelerator.current_accelerator()
+    return torch.device("cpu")
+
+
+def device_rank_mod_count():  # PyTorch's DDP tutorial: right when every machine is alike
+    if torch.cuda.is_available():
+        return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def device_rank_mod_two():
+    if torch.cuda.is_available():
+        return torch.device("cuda", dist.get_rank() % 2)
+    return torch.device("cpu")
+
+
+@pytest.mark.parametrize("fn", ["solution", device_by_set_device, device_by_accelerator,
+                                device_rank_mod_count])
 def test_pick_device_accepts(fn, capsys):
     accepts(check_pick_device, solution("pick_device") if fn == "solution" else fn, capsys)
 
@@ -66,6 +87,8 @@ def test_pick_device_accepts(fn, capsys):
     (device_no_fallback, "on a machine without GPUs, rank 0 chose cuda:0"),
     (device_by_backend, "every rank chose the CPU"),
     (device_as_number, "which is not a device"),
+    (device_rank_mod_two, "on 1 machine with 3 GPUs (ranks 0, 1 and 2), the GPU number repeats "
+                          "every 2 ranks"),
 ])
 def test_pick_device_rejects(fn, hint, capsys):
     rejects(check_pick_device, fn, hint, capsys)
@@ -97,7 +120,26 @@ def to_device_model_only(model, loss_fn, x, y, device):
     return model.to(device)
 
 
-@pytest.mark.parametrize("fn", ["solution", to_device_in_one_line])
+def to_device_new_loss(model, loss_fn, x, y, device):
+    return model.to(device), nn.CrossEntropyLoss(), x.to(device), y.to(device)
+
+
+def to_device_new_model(model, loss_fn, x, y, device):
+    fresh = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    return fresh.to(device), loss_fn.to(device), x.to(device), y.to(device)
+
+
+def to_device_new_batch(model, loss_fn, x, y, device):
+    return (model.to(device), loss_fn.to(device), torch.randn(16, 6, device=device),
+            y.to(device))
+
+
+def to_device_loss_rebuilt(model, loss_fn, x, y, device):
+    weighted = nn.CrossEntropyLoss(weight=loss_fn.weight.to(device))
+    return model.to(device), weighted, x.to(device), y.to(device)
+
+
+@pytest.mark.parametrize("fn", ["solution", to_device_in_one_line, to_device_loss_rebuilt])
 def test_to_device_accepts(fn, capsys):
     accepts(check_to_device, solution("to_device") if fn == "solution" else fn, capsys)
 
@@ -107,6 +149,9 @@ def test_to_device_accepts(fn, capsys):
     (to_device_loss_left, "loss_fn buffers on cpu, not on meta: the loss's class weight"),
     (to_device_targets_left, "targets on cpu, not on meta"),
     (to_device_model_only, "return the four things it was given"),
+    (to_device_new_loss, "it has no class weight: a new nn.CrossEntropyLoss()"),
+    (to_device_new_model, "the model to_device() returned is not the one it was given"),
+    (to_device_new_batch, "the x to_device() returned holds other values"),
 ])
 def test_to_device_rejects(fn, hint, capsys):
     rejects(check_to_device, fn, hint, capsys)

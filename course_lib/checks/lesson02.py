@@ -1,10 +1,12 @@
 """Checks for lesson 02's exercises: each rank picks its own device (LOCAL_RANK, with a CPU
 fallback), and a training step puts everything it uses on that device.
 
-No GPU is needed. The device check runs the learner's function on ranks laid out as two
-machines with two GPUs each (the environment torchrun would give them, with torch.cuda
-answering as if each machine had 2 GPUs), then on ranks with no GPU. The placement check
-uses PyTorch's meta device as the "other device", as the lesson does.
+No GPU is needed. The device check runs the learner's function on ranks laid out as machines
+with GPUs (the environment torchrun would give them, with torch.cuda and torch.accelerator
+answering as on such machines): 2 machines with 2 GPUs each, then 1 machine with 3, then
+ranks with no GPU. The placement check uses PyTorch's meta device as the "other device", as
+the lesson does, and compares what the returned objects compute on the CPU with what the
+objects it was given compute, so that a new object in place of a moved one is caught.
 """
 
 from __future__ import annotations
@@ -17,11 +19,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, on_ranks, run_check
+from course_lib.checks.common import (
+    CHECK_TIMEOUT,
+    WORLD_SIZES,
+    Rejected,
+    at_world_sizes,
+    close,
+    listing,
+    on_ranks,
+    run_check,
+    same,
+)
 from course_lib.checks.result import CheckResult
 from course_lib.teach import placement
 
-MACHINES, GPUS_PER_MACHINE = 2, 2
+GPUS_PER_MACHINE = {4: 2, 3: 3}  # world size -> GPUs per machine: 2 x 2 GPUs, then 1 x 3
 NO_GPU_WORLD_SIZE = 2
 DEVICE = "meta"  # the stand-in for cuda:LOCAL_RANK in the placement check
 
@@ -29,18 +41,28 @@ DEVICE = "meta"  # the stand-in for cuda:LOCAL_RANK in the placement check
 # -- pick_device() -> torch.device ------------------------------------------------------------
 
 def _pretend_gpus(count: int) -> list[int]:
-    """Make torch.cuda answer as on a machine with `count` GPUs; returns the list that
-    records each torch.cuda.set_device() call."""
+    """Make torch.cuda and torch.accelerator answer as on a machine with `count` GPUs;
+    returns the list that records each set_device call."""
     calls: list[int] = []
 
     def set_device(device: Any) -> None:
-        index = torch.device(device).index if not isinstance(device, int) else device
+        index = device if isinstance(device, int) else torch.device(device).index
         calls.append(0 if index is None else index)
+
+    def current() -> int:
+        return calls[-1] if calls else 0
 
     torch.cuda.is_available = lambda: count > 0
     torch.cuda.device_count = lambda: count
     torch.cuda.set_device = set_device
-    torch.cuda.current_device = lambda: calls[-1] if calls else 0
+    torch.cuda.current_device = current
+    acc = torch.accelerator
+    acc.is_available = lambda: count > 0
+    acc.device_count = lambda: count
+    acc.current_accelerator = lambda check_available=False: (
+        torch.device("cuda") if count > 0 else None)
+    acc.set_device_index = acc.set_device_idx = set_device
+    acc.current_device_index = acc.current_device_idx = current
     return calls
 
 
@@ -59,37 +81,54 @@ def _device_on_rank(fn: Callable, gpus: int) -> tuple[str, Any, list[int]]:
 
 
 def check_pick_device(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
-    """fn() must return cuda:LOCAL_RANK on machines with GPUs (2 machines x 2 GPUs here),
-    and the CPU on a machine without one."""
+    """fn() must return cuda:LOCAL_RANK on machines with GPUs (2 machines x 2 GPUs, then 1
+    machine x 3 GPUs), and the CPU on a machine without one."""
     def judge() -> str:
-        n = MACHINES * GPUS_PER_MACHINE
-        _judge_gpus(on_ranks(_device_on_rank, fn, n, (GPUS_PER_MACHINE,), timeout))
+        for n, results in at_world_sizes(_device_on_rank, fn, tuple(GPUS_PER_MACHINE),
+                                         args=lambda n: (GPUS_PER_MACHINE[n],),
+                                         timeout=timeout):
+            _judge_gpus(results, GPUS_PER_MACHINE[n])
         _judge_no_gpu(on_ranks(_device_on_rank, fn, NO_GPU_WORLD_SIZE, (0,), timeout))
-        return (f"on {MACHINES} machines x {GPUS_PER_MACHINE} GPUs, ranks 0-{n - 1} chose "
-                f"cuda:0, cuda:1, cuda:0, cuda:1 (their LOCAL_RANK); without a GPU, the CPU.")
+        return ("on 2 machines x 2 GPUs, ranks 0-3 chose cuda:0, cuda:1, cuda:0, cuda:1; on 1 "
+                "machine x 3 GPUs, cuda:0, cuda:1, cuda:2 (their LOCAL_RANK); without a GPU, "
+                "the CPU.")
     return run_check("check_pick_device", fn, judge)
 
 
-def _judge_gpus(results: list[tuple[str, Any, list[int]]]) -> None:
+def _layout(n: int, gpus: int) -> str:
+    machines = n // gpus
+    if machines == 1:
+        return f"1 machine with {gpus} GPUs (ranks {listing(range(n))})"
+    return (f"{machines} machines with {gpus} GPUs each (ranks {listing(range(gpus))} on "
+            f"machine 0; ranks {listing(range(gpus, n))} on machine 1)")
+
+
+def _judge_gpus(results: list[tuple[str, Any, list[int]]], gpus: int) -> None:
+    n = len(results)
     chosen = [_resolved(rank, device, got, calls)
               for rank, (device, got, calls) in enumerate(results)]
-    want = [f"cuda:{r % GPUS_PER_MACHINE}" for r in range(len(results))]
+    want = [f"cuda:{r % gpus}" for r in range(n)]
     if chosen == want:
         return
-    layout = (f"{MACHINES} machines with {GPUS_PER_MACHINE} GPUs each (ranks 0, 1 on machine "
-              f"0; ranks 2, 3 on machine 1)")
+    layout = _layout(n, gpus)
     if all(c == "cpu" for c in chosen):
         raise Rejected(f"on {layout}, every rank chose the CPU. When "
-                       "torch.cuda.is_available(), use the GPU numbered by LOCAL_RANK.")
+                       "torch.cuda.is_available() (or torch.accelerator.is_available()), use "
+                       "the GPU numbered by LOCAL_RANK.")
     if len(set(chosen)) == 1:
         raise Rejected(f"on {layout}, every rank chose {chosen[0]}: the ranks of a machine "
-                       "pile onto one GPU while the other sits idle. Use "
+                       "pile onto one GPU (with NCCL: \"Duplicate GPU detected\"). Use "
                        "int(os.environ['LOCAL_RANK']) as the GPU number.")
-    if chosen == [f"cuda:{r}" for r in range(len(results))]:
-        raise Rejected(f"on {layout}, ranks 2 and 3 chose cuda:2 and cuda:3, GPUs their "
-                       "machine does not have: that is the global RANK. Use LOCAL_RANK, the "
-                       "rank within the machine.")
-    wrong = [f"rank {r} chose {c} (LOCAL_RANK {r % GPUS_PER_MACHINE})"
+    if chosen == [f"cuda:{r}" for r in range(n)]:
+        raise Rejected(f"on {layout}, ranks {listing(range(gpus, n))} chose "
+                       f"{listing(chosen[gpus:])}, GPUs their machine does not have: that is "
+                       "the global RANK. Use LOCAL_RANK, the rank within the machine.")
+    for k in range(2, n):
+        if k != gpus and chosen == [f"cuda:{r % k}" for r in range(n)]:
+            raise Rejected(f"on {layout}, the GPU number repeats every {k} ranks "
+                           f"({', '.join(chosen)}): a fixed {k} where the number of GPUs per "
+                           "machine belongs. Use LOCAL_RANK, which torchrun sets for you.")
+    wrong = [f"rank {r} chose {c} (LOCAL_RANK {r % gpus})"
              for r, (c, w) in enumerate(zip(chosen, want)) if c != w]
     raise Rejected(f"on {layout}: {'; '.join(wrong)}. Each rank's GPU is cuda:LOCAL_RANK.")
 
@@ -125,8 +164,10 @@ def step_parts() -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]:
 
 
 def _placement_on_rank(fn: Callable, device: str) -> dict:
+    """Where fn put everything on `device`, whether a step runs there, and what the returned
+    objects compute on the CPU next to what the given ones compute."""
     out = fn(*step_parts(), device)
-    if not isinstance(out, (tuple, list)) or len(out) != 4:
+    if not _four(out):
         return {"returned": repr(out)[:80]}
     model, loss_fn, x, y = out
     snap = placement.snapshot(model, device=device, inputs=x, targets=y, loss_fn=loss_fn)
@@ -135,17 +176,42 @@ def _placement_on_rank(fn: Callable, device: str) -> dict:
         error = ""
     except RuntimeError as exc:
         error = str(exc).splitlines()[0]
-    return {"snapshot": snap, "error": error}
+    return {"snapshot": snap, "error": error, "values": _values_on_cpu(fn)}
+
+
+def _four(out: Any) -> bool:
+    return isinstance(out, (tuple, list)) and len(out) == 4
+
+
+def _values_on_cpu(fn: Callable) -> dict:
+    """With device="cpu" every .to() is a no-op, so the returned objects must compute exactly
+    what the given ones do: a new model, loss or batch in their place shows up here."""
+    model, loss_fn, x, y = step_parts()
+    with torch.no_grad():
+        want = {"outputs": model(x), "loss": loss_fn(model(x), y), "x": x.clone(), "y": y.clone()}
+    out = fn(*step_parts(), "cpu")
+    if not _four(out):
+        return {"returned": repr(out)[:80]}
+    got_model, got_loss_fn, got_x, got_y = out
+    with torch.no_grad():
+        got = {"outputs": got_model(x), "loss": got_loss_fn(want["outputs"], y)}
+    return {"want_loss": float(want["loss"]), "got_loss": float(got["loss"]),
+            "loss_has_weight": getattr(got_loss_fn, "weight", None) is not None,
+            "same_model": same(got["outputs"], want["outputs"]),
+            "same_x": same(got_x, want["x"]), "same_y": same(got_y, want["y"])}
 
 
 def check_to_device(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
-    """fn(model, loss_fn, x, y, device) must return (model, loss_fn, x, y) with everything
-    on `device` (meta stands in for a GPU); then one training step must run there."""
+    """fn(model, loss_fn, x, y, device) must return (model, loss_fn, x, y), the objects it
+    was given, with everything on `device` (meta stands in for a GPU); then one training
+    step must run there. Run on 2 and on 3 ranks."""
     def judge() -> str:
-        results = on_ranks(_placement_on_rank, fn, 2, (DEVICE,), timeout)
-        _judge_placement(results)
-        return (f"on both ranks the model's parameters and buffers, the loss's weight, the "
-                f"inputs and the targets are on {DEVICE}, and a training step runs there.")
+        for _, results in at_world_sizes(_placement_on_rank, fn, WORLD_SIZES, (DEVICE,),
+                                         timeout):
+            _judge_placement(results)
+        return (f"on {listing(WORLD_SIZES)} ranks the model's parameters and buffers, the "
+                f"loss's weight, the inputs and the targets are on {DEVICE}, a training step "
+                "runs there, and they are the objects to_device() was given.")
     return run_check("check_to_device", fn, judge)
 
 
@@ -163,6 +229,7 @@ HINTS = {
 
 
 def _judge_placement(results: list[dict]) -> None:
+    n = len(results)
     for rank, got in enumerate(results):
         if "returned" in got:
             raise Rejected(f"rank {rank}: to_device() returned {got['returned']}; return the "
@@ -171,7 +238,32 @@ def _judge_placement(results: list[dict]) -> None:
     if diagnosis.misplaced or diagnosis.split:
         rank, item, where = (diagnosis.split or diagnosis.misplaced)[0]
         hint = HINTS.get(item, f"move {item} with .to(device)")
-        raise Rejected(f"rank {rank}: {item} on {where}, not on {DEVICE}: {hint}.")
-    if results[0]["error"]:
-        raise Rejected(f"everything is on {DEVICE}, but a training step failed: "
-                       f"{results[0]['error']}")
+        raise Rejected(f"with {n} ranks, rank {rank}: {item} on {where}, not on {DEVICE}: "
+                       f"{hint}.")
+    for rank, got in enumerate(results):
+        if got["error"]:
+            raise Rejected(f"with {n} ranks, everything is on {DEVICE}, but rank {rank}'s "
+                           f"training step failed: {got['error']}")
+    _judge_values(results[0]["values"])
+
+
+def _judge_values(values: dict) -> None:
+    """The objects returned must be the ones given (moved), not new ones."""
+    if "returned" in values:
+        raise Rejected(f"with device='cpu', to_device() returned {values['returned']}; return "
+                       "(model, loss_fn, x, y).")
+    if not values["same_model"]:
+        raise Rejected("the model to_device() returned is not the one it was given: its "
+                       "outputs differ (a new model has new weights). Move the given model: "
+                       "model.to(device).")
+    if not close(values["got_loss"], values["want_loss"]):
+        missing = ("; it has no class weight: a new nn.CrossEntropyLoss() in place of the "
+                   "weighted one" if not values["loss_has_weight"] else "")
+        raise Rejected(f"the loss function to_device() returned is not the one it was given: "
+                       f"on the same outputs it gives {values['got_loss']:.4f} instead of "
+                       f"{values['want_loss']:.4f}{missing}. Move the given loss, "
+                       "loss_fn.to(device), which moves its weight.")
+    for name in ("x", "y"):
+        if not values[f"same_{name}"]:
+            raise Rejected(f"the {name} to_device() returned holds other values than the {name} "
+                           f"it was given: return {name}.to(device), the given batch moved.")
