@@ -29,7 +29,7 @@ def load_function(path: Path, name: str) -> Callable:
     namespace = {"__name__": f"{path.parent.name}_{path.name.split('_')[0]}"}
     for cell in nb.cells:
         if cell.cell_type == "code" and course_meta(cell).get("exercise") != "check":
-            exec(compile(cell.source, path.name, "exec"), namespace)  # noqa: S102
+            exec(compile(cell.source, path.name, "exec"), namespace)
     return namespace[name]
 
 

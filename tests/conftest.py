@@ -1,12 +1,6 @@
-import sys
-from pathlib import Path
-
 import cloudpickle
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from procs import forkserver_processes, leftover_workers  # noqa: E402
+from procs import forkserver_processes, leftover_workers  # tests/ is on pythonpath (pyproject)
 
 
 @pytest.fixture(autouse=True)

@@ -3,9 +3,12 @@
 import subprocess
 import sys
 
+import pytest
+
 from course_lib import doctor
 
 
+@pytest.mark.kernel  # a cold Python process that launches ranks
 def test_doctor_passes_here_and_shows_every_check():
     out = subprocess.run([sys.executable, "-m", "course_lib", "doctor"], capture_output=True,
                          text=True, timeout=120)

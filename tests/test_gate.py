@@ -160,6 +160,7 @@ def run_gate(*args):
     return done.returncode, done.stdout
 
 
+@pytest.mark.kernel  # the gate executes four notebooks in kernels
 def test_the_command_passes_honest_notebooks_and_fails_dishonest_ones(tmp_path):
     honest = notebook(
         new_code_cell("from course_lib import observe"), *honest_cells(),

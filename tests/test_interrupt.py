@@ -7,7 +7,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from procs import alive
+
+pytestmark = pytest.mark.kernel  # a kernel or a cold Python process: not in --quick
 
 SCRIPT = Path(__file__).with_name("interrupt_script.py")
 

@@ -2,8 +2,11 @@
 
 import time
 
+import pytest
 from jupyter_client.manager import start_new_kernel
 from procs import alive
+
+pytestmark = pytest.mark.kernel  # a kernel or a cold Python process: not in --quick
 
 HANG = """
 import os, time, torch.distributed as dist

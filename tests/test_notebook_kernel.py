@@ -4,6 +4,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.kernel  # a kernel or a cold Python process: not in --quick
+
 CELLS = [
     "import torch, torch.distributed as dist\nfrom course_lib import launch\n%load_ext course_lib",
     "SCALE = 3\n"

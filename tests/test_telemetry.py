@@ -124,7 +124,7 @@ def test_one_all_reduce_per_bucket_with_the_buckets_bytes(bucket_run):
     run = bucket_run
     tel = run.telemetry
     first, rebuilt = ([int(b) for b in s.split(",")] for s in run.results[0])
-    assert len(first) == 1 and len(rebuilt) == 2  # FACTS.md: one bucket first, then rebuilt
+    assert len(first) == 1 and len(rebuilt) == 2  # docs/facts.md, a torch canary
     for rank in (0, 1):
         for step, sizes in ((0, first), (1, rebuilt), (2, rebuilt)):
             comms = tel.comms.where(rank=rank, step=step)
@@ -363,6 +363,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.kernel  # torchrun starts cold Python processes
 def test_under_torchrun_each_rank_writes_a_file_that_loads(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
