@@ -126,6 +126,33 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(import_graph()) == []
 
 
+# What each part of the package may import (CONTRIBUTING.md, "How the pieces fit"): layers
+# below it only. `__main__` reaches its commands through importlib, inside main().
+MAY_IMPORT = {
+    "protocol": set(), "collectors": set(), "wrappers": set(),
+    "launching": {"collectors"},
+    "telemetry": {"collectors", "wrappers"},
+    "plots": {"telemetry"},
+    "teach": {"protocol", "wrappers", "launching", "telemetry", "plots"},
+    "checks": {"protocol", "wrappers", "launching", "telemetry", "teach"},
+    "authoring": {"protocol"},
+    "doctor": {"launching"},
+    "__main__": set(),
+}
+
+
+def part(module: str) -> str:
+    """course_lib.telemetry.chrome -> "telemetry"; the package itself -> ""."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def test_each_part_imports_only_the_layers_below_it():
+    found = {(part(m), part(t)) for m, targets in import_graph().items() for t in targets
+             if part(t) and part(t) != part(m)}
+    assert {p for p, _ in found} <= set(MAY_IMPORT), "a new part: give it a row in MAY_IMPORT"
+    assert sorted((p, t) for p, t in found if t not in MAY_IMPORT[p]) == []
+
+
 def test_the_cycle_finder_finds_a_circle():
     """A positive control: a circle through a function-local import, as merged.py and
     chrome.py once had, is found; a TYPE_CHECKING-only import is not an edge."""
