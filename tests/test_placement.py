@@ -145,6 +145,33 @@ def test_device_map_needs_a_gpu(monkeypatch):
         placement.device_map(placement.diagnose([placement.snapshot(device="cpu")]))
 
 
+def test_machines_map_draws_every_machine_and_crosses_gpus_it_lacks(monkeypatch):
+    snaps = []
+    for rank in range(4):  # cuda:RANK on 2 machines x 2 GPUs
+        as_rank(monkeypatch, rank, local_rank=rank % 2, node=rank // 2)
+        snaps.append(placement.snapshot(device=f"cuda:{rank}"))
+    fig = placement.machines_map(placement.diagnose(snaps), gpus=2)
+    assert [ax.get_title() for ax in fig.axes] == ["machine 0 (2 GPUs)", "machine 1 (2 GPUs)"]
+    assert [b.get_height() for b in fig.axes[1].patches] == [0, 0, 1, 1]
+    labels = [t.get_text() for t in fig.axes[1].texts]
+    assert labels == ["idle", "idle", "no such GPU:\nrank 2", "no such GPU:\nrank 3"]
+
+
+def test_device_explorer_runs_each_setting_once(monkeypatch):
+    calls = []
+
+    def run(rule, machines, gpus):
+        calls.append((rule, machines, gpus))
+        as_rank(monkeypatch, 0)
+        return placement.diagnose([placement.snapshot(device=rule)])
+
+    box = placement.device_explorer(run, rules=["cuda:0", "cuda:1"])
+    rule = box.children[0].children[0]
+    rule.value = "cuda:0"
+    rule.value = "cuda:1"
+    assert calls == [("cuda:1", 2, 2), ("cuda:0", 2, 2)]
+
+
 def snapshot_of_ddp_model():
     ddp_model = DDP(nn.Linear(3, 2))
     return placement.snapshot(ddp_model, device="cpu", targets=torch.zeros(2, dtype=torch.long))
