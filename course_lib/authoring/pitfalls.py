@@ -62,6 +62,8 @@ X2  | 03    | metrics reported from one rank without reducing over ranks
 X3  | 05    | rank-0-only evaluation through the DDP wrapper hangs
 X4  | 00    | per-rank randomness makes ranks disagree
 X5  | 00    | a failing or hanging rank: what the error looks like
+X6  | 07    | accumulated micro-batch losses not divided by k: a k times larger learning rate
+X7  | 07    | accumulation over micro-batches of unequal sizes: a mean of means
 """)
 
 # Ids that name the same pitfall as another: cells declare the other one.
