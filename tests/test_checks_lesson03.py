@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 from checking import check_helpers
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.distributed.algorithms import Join
+from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from course_lib.checks.lesson03 import check_global_accuracy, check_read_epochs, check_train_uneven
 
@@ -17,6 +18,9 @@ FAST = 6  # seconds: a loop that hangs is stopped after this long
 
 
 solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+# Answers that read in DataLoader worker processes get the check's own time limit: starting
+# workers takes seconds on a loaded machine, and a limit hit would hide what is tested.
+_, accepts_slow, rejects_slow = check_helpers(NOTEBOOK)
 
 
 
@@ -76,6 +80,43 @@ def read_own_seed_per_rank(dataset, epochs, batch_size):
     return loop(DataLoader(dataset, batch_size=batch_size, sampler=sampler), sampler, epochs)
 
 
+def read_with_workers(dataset, epochs, batch_size):
+    """The worked answer, reading in two DataLoader worker processes."""
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=2)
+    return loop(loader, sampler, epochs)
+
+
+def read_same_split_every_epoch(dataset, epochs, batch_size):
+    """Each rank keeps one fixed strided shard and only reshuffles it."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    shard = list(range(rank, len(dataset), world_size))
+    read = []
+    for epoch in range(epochs):
+        order = torch.randperm(len(shard), generator=torch.Generator().manual_seed(epoch))
+        read.append([dataset[shard[i]][1] for i in order.tolist()])
+    return read
+
+
+def read_all_but_return_the_sampler(dataset, epochs, batch_size):
+    """Reads everything in two workers, but reports the sampler's share as what it read."""
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2)
+    read = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for _ in loader:
+            pass   # the training step
+        read.append(list(sampler))
+    return read
+
+
+def test_read_epochs_counts_reads_in_dataloader_workers(capsys):
+    accepts_slow(check_read_epochs, read_with_workers, capsys)
+    rejects_slow(check_read_epochs, read_all_but_return_the_sampler,
+                 "read every one of the 24 samples each epoch", capsys)
+
+
 @pytest.mark.parametrize("fn", ["solution", read_by_hand])
 def test_read_epochs_accepts(fn, capsys):
     accepts(check_read_epochs, solution("read_epochs") if fn == "solution" else fn, capsys)
@@ -88,6 +129,7 @@ def test_read_epochs_accepts(fn, capsys):
     (read_shuffle_twice, "mutually exclusive with shuffle"),
     (read_unshuffled, "in increasing order in every epoch"),
     (read_own_seed_per_rank, "were read more than once in epoch 0"),
+    (read_same_split_every_epoch, "the split between the ranks never changes"),
 ])
 def test_read_epochs_rejects(fn, hint, capsys):
     rejects(check_read_epochs, fn, hint, capsys)
@@ -148,6 +190,66 @@ def accuracy_everywhere(predict, dataset):
     return correct / total
 
 
+def accuracy_with_workers(predict, dataset):
+    """Strided shards read by two DataLoader workers; counts reduced as one float tensor."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    shard = Subset(dataset, range(rank, len(dataset), world_size))
+    counts = torch.zeros(2)
+    for x, y in DataLoader(shard, batch_size=2, num_workers=2):
+        counts += torch.tensor([(predict(x) == y).sum().item(), len(y)])
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def accuracy_everywhere_with_workers(predict, dataset):
+    correct, total = 0, 0
+    for x, y in DataLoader(dataset, batch_size=4, num_workers=2):
+        correct += (predict(x) == y).sum().item()
+        total += len(y)
+    return correct / total
+
+
+def accuracy_padded_with_workers(predict, dataset):
+    sampler = DistributedSampler(dataset, shuffle=False)
+    correct, total = 0, 0
+    for x, y in DataLoader(dataset, batch_size=4, sampler=sampler, num_workers=2):
+        correct += (predict(x) == y).sum().item()
+        total += len(y)
+    counts = torch.tensor([correct, total])
+    dist.all_reduce(counts)
+    return (counts[0] / counts[1]).item()
+
+
+def accuracy_mean_of_chunk_ratios(predict, dataset):
+    """Contiguous chunks, then the mean of the ranks' accuracies."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    per_rank = -(-len(dataset) // world_size)
+    chunk = range(rank * per_rank, min(len(dataset), (rank + 1) * per_rank))
+    correct, total = shard_counts(predict, dataset, chunk)
+    accuracy = torch.tensor([correct / total])
+    dist.all_reduce(accuracy)
+    return accuracy.item() / world_size
+
+
+def accuracy_reduce_thrown_away(predict, dataset):
+    correct, total = shard_counts(predict, dataset, range(dist.get_rank(), len(dataset),
+                                                          dist.get_world_size()))
+    dist.all_reduce(torch.tensor([correct, total]))   # the reduced tensor is never used
+    return correct / total
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (accuracy_with_workers, None),
+    (accuracy_padded_with_workers, "indices [0, 1] were evaluated on more than one"),
+    (accuracy_everywhere_with_workers, "DataLoader workers included): the work was not split"),
+])
+def test_global_accuracy_counts_reads_in_dataloader_workers(fn, hint, capsys):
+    if hint is None:
+        accepts_slow(check_global_accuracy, fn, capsys)
+    else:
+        rejects_slow(check_global_accuracy, fn, hint, capsys)
+
+
 @pytest.mark.parametrize("fn", ["solution", accuracy_by_chunks])
 def test_global_accuracy_accepts(fn, capsys):
     fn = solution("global_accuracy") if fn == "solution" else fn
@@ -155,10 +257,12 @@ def test_global_accuracy_accepts(fn, capsys):
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (accuracy_per_rank, "Each rank returned its own shard's accuracy"),
-    (accuracy_padded, "an accuracy over 12 samples for a dataset of 10"),
+    (accuracy_per_rank, "Each rank returned the accuracy of the samples it read itself"),
+    (accuracy_reduce_thrown_away, "use that tensor afterwards"),
+    (accuracy_padded, "an accuracy over 12 reads for a dataset of 10"),
     (accuracy_dropped, "drop_last=True leaves samples out"),
-    (accuracy_mean_of_ranks, "the mean of the ranks' accuracies"),
+    (accuracy_mean_of_ranks, "the mean of the ranks' own accuracies"),
+    (accuracy_mean_of_chunk_ratios, "the ranks read [3, 3, 3, 1] samples"),
     (accuracy_everywhere, "each of the 4 ranks read all 10 samples"),
 ])
 def test_global_accuracy_rejects(fn, hint, capsys):
@@ -207,16 +311,55 @@ def train_extras_outside_ddp(ddp_model, batches, optimizer):
         step(ddp_model if i < common else ddp_model.module, optimizer, x, y)
 
 
-@pytest.mark.parametrize("fn", ["solution", train_with_ddp_join])
+def train_join_by_active(ddp_model, batches, optimizer):
+    """Join that divides by the ranks still training (also a correct choice)."""
+    with Join([ddp_model], divide_by_initial_world_size=False):
+        for x, y in batches:
+            step(ddp_model, optimizer, x, y)
+
+
+def train_padded_with_zero_loss(ddp_model, batches, optimizer):
+    """No Join: the short ranks make extra steps whose loss (and gradient) is zero."""
+    most = torch.tensor(len(batches))
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    batches = list(batches)
+    for i in range(int(most)):
+        x, y = batches[min(i, len(batches) - 1)]
+        loss = nn.functional.mse_loss(ddp_model(x), y) * (i < len(batches))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def train_reads_all_trains_common(ddp_model, batches, optimizer):
+    """Iterates every batch, but trains only on as many as the shortest rank has."""
+    common = fewest_batches(batches)
+    for i, (x, y) in enumerate(batches):
+        if i < common:
+            step(ddp_model, optimizer, x, y)
+
+
+def train_alone_then_copy_rank_0(ddp_model, batches, optimizer):
+    """Each rank trains the bare module on its own data; rank 0's weights are copied at the end."""
+    for x, y in batches:
+        step(ddp_model.module, optimizer, x, y)
+    for p in ddp_model.module.parameters():
+        dist.broadcast(p.data, src=0)
+
+
+@pytest.mark.parametrize("fn", ["solution", train_with_ddp_join, train_join_by_active,
+                                train_padded_with_zero_loss])
 def test_train_uneven_accepts(fn, capsys):
     accepts(check_train_uneven, solution("train_uneven") if fn == "solution" else fn, capsys)
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (train_plain, "Wrap the loop in Join([ddp_model])"),
+    (train_plain, "rank 0 took 3 of its 3 batches; rank 1 took 4 of its 5 batches"),
     (train_plain_then_barrier, "Wrap the loop in Join([ddp_model])"),
     (train_common_batches_only, "rank 1 trained on 3 of its 5 batches"),
     (train_extras_outside_ddp, "rank 1's weights differ from rank 0's"),
+    (train_reads_all_trains_common, "training on the first 3 batches of each rank only"),
+    (train_alone_then_copy_rank_0, "the weights that rank 0 gets by training alone"),
 ])
 def test_train_uneven_rejects(fn, hint, capsys):
     start = time.monotonic()
