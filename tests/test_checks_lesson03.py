@@ -365,3 +365,16 @@ def test_train_uneven_rejects(fn, hint, capsys):
     start = time.monotonic()
     rejects(check_train_uneven, fn, hint, capsys)
     assert time.monotonic() - start < FAST + 5
+
+
+# -- time limit -------------------------------------------------------------------------------
+
+def read_slowly(dataset, epochs, batch_size):
+    """The worked answer behind a slow start (a big dataset's index, say)."""
+    time.sleep(4)
+    return read_with_workers(dataset, epochs, batch_size)
+
+
+def test_a_time_limit_hit_is_said_in_the_hint(capsys):
+    rejects(check_read_epochs, read_slowly, "the check stops the ranks after 2 s", capsys,
+            timeout=2)
