@@ -148,13 +148,20 @@ def random_second_draw_shared(n):
     return numbers
 
 
+def random_double_precision(n):
+    numbers = torch.rand(n, dtype=torch.float64)
+    dist.broadcast(numbers, src=0)
+    return numbers
+
+
 def random_global_seed(n):
     torch.manual_seed(31)
     return torch.rand(n)
 
 
 @pytest.mark.parametrize("fn", ["solution", random_same_seed, random_from_last_rank,
-                                random_second_draw_shared, random_global_seed])
+                                random_second_draw_shared, random_global_seed,
+                                random_double_precision])
 def test_same_random_accepts(fn, capsys):
     fn = solution("00_welcome.ipynb", "same_random") if fn == "solution" else fn
     accepts(check_same_random, fn, capsys)

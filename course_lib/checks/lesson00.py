@@ -121,12 +121,14 @@ def _random_on_rank(fn: Callable, n: int, seed: int) -> tuple[Any, dict[str, int
     return (out.tolist() if isinstance(out, torch.Tensor) else out), done
 
 
-def own_draws(n: int, seed: int, world_size: int, draws: int = 1) -> list[list[list[float]]]:
+def own_draws(n: int, seed: int, world_size: int, draws: int = 1,
+              dtype: torch.dtype = torch.float32) -> list[list[list[float]]]:
     """Per rank, the first `draws` tensors of n numbers its generator gives when the ranks
     do not coordinate."""
     per_rank = []
     for rank in range(world_size):
-        stream = torch.rand(n * draws, generator=torch.Generator().manual_seed(seed + rank))
+        gen = torch.Generator().manual_seed(seed + rank)
+        stream = torch.rand(n * draws, generator=gen, dtype=dtype)
         per_rank.append([stream[k * n:(k + 1) * n].tolist() for k in range(draws)])
     return per_rank
 
@@ -188,7 +190,8 @@ def _judge_source(agreed: dict[int, list[float]]) -> str:
     """Accept one rank's own draw (a broadcast) or the same numbers at both world sizes (a
     shared seed); name what else the numbers are."""
     for n, row in agreed.items():
-        per_rank = own_draws(RANDOM_COUNT, RANDOM_SEEDS[n], n, DRAWS_SEARCHED)
+        per_rank = [draws for dtype in (torch.float32, torch.float64)
+                    for draws in own_draws(RANDOM_COUNT, RANDOM_SEEDS[n], n, DRAWS_SEARCHED, dtype)]
         if not any(_equal(row, draw) for draws in per_rank for draw in draws):
             break
     else:
