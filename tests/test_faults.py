@@ -5,10 +5,13 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from procs import alive
 
 from course_lib import DistributedError, launch
 from course_lib.launching import launcher
@@ -24,7 +27,7 @@ def _fails_on_rank_1():
 
 def test_exception_on_one_rank_names_it_first_with_learner_frames():
     with pytest.raises(DistributedError) as info:
-        launch(_fails_on_rank_1, 2, echo=False)
+        launch(_fails_on_rank_1, 2, backend="gloo", echo=False)
     err = info.value
     first = err.failures[0]
     assert (first.rank, first.kind, first.error_type) == (1, "exception", "ValueError")
@@ -52,14 +55,14 @@ def _kill_self(how):
 ])
 def test_a_rank_that_dies_is_named_with_its_signal_or_exit_code(how, kind, expected):
     with pytest.raises(DistributedError) as info:
-        launch(_kill_self, 2, args=(how,), echo=False)
+        launch(_kill_self, 2, args=(how,), backend="gloo", echo=False)
     first = info.value.failures[0]
     assert first.rank == 1 and first.kind == kind
     assert expected in first.summary or expected in str(info.value)
 
 
 def test_sys_exit_zero_counts_as_success():
-    assert launch(lambda: sys.exit(0), 2, echo=False).results == [None, None]
+    assert launch(lambda: sys.exit(0), 2, backend="gloo", echo=False).results == [None, None]
 
 
 def _hangs_on_rank_1():
@@ -71,7 +74,7 @@ def _hangs_on_rank_1():
 def test_hang_ends_at_the_timeout_with_every_running_ranks_stack():
     start = time.monotonic()
     with pytest.raises(DistributedError) as info:
-        launch(_hangs_on_rank_1, 2, timeout=3, echo=False)
+        launch(_hangs_on_rank_1, 2, timeout=3, backend="gloo", echo=False)
     assert time.monotonic() - start < 3 + 10  # a guard against hanging, not a speed target
     err = info.value
     assert err.timed_out and "Timed out after 3 s" in str(err)
@@ -88,7 +91,7 @@ def _spin_forever():
 
 def test_all_ranks_stuck_in_python_each_show_their_stack():
     with pytest.raises(DistributedError) as info:
-        launch(_spin_forever, 2, timeout=2, echo=False)
+        launch(_spin_forever, 2, timeout=2, backend="gloo", echo=False)
     assert sorted(f.rank for f in info.value.failures) == [0, 1]
     assert all("_spin_forever" in f.stack for f in info.value.failures)
 
@@ -103,26 +106,60 @@ def _fail_fast_or_spin():
 def test_after_a_failure_the_other_ranks_are_stopped_with_their_stacks():
     start = time.monotonic()
     with pytest.raises(DistributedError) as info:
-        launch(_fail_fast_or_spin, 2, timeout=60, echo=False)
+        launch(_fail_fast_or_spin, 2, timeout=60, backend="gloo", echo=False)
     assert time.monotonic() - start < 20  # did not wait for the 60 s timeout
     kinds = {f.rank: f.kind for f in info.value.failures}
     assert kinds == {0: "exception", 1: "stopped"}
     assert "_fail_fast_or_spin" in info.value.failures[1].stack
 
 
-def _dataloader_then_hang():
+def _dataloader_then_fail(folder: str):
+    """Start two persistent DataLoader workers, say so, wait until the test has seen them;
+    then rank 1 fails and rank 0 hangs, so the launcher stops rank 0 with its workers."""
     from torch.utils.data import DataLoader
 
     loader = DataLoader(list(range(100)), batch_size=2, num_workers=2, persistent_workers=True)
     for _ in loader:
         pass
+    Path(folder, f"rank-{os.getpid()}").touch()
+    while not Path(folder, "seen").exists():
+        time.sleep(0.05)
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 fails")
     time.sleep(600)
 
 
-def test_dataloader_processes_die_with_their_rank():
-    # the autouse fixture fails the test if any DataLoader worker outlives the launch
-    with pytest.raises(DistributedError):
-        launch(_dataloader_then_hang, 2, timeout=5, echo=False)
+def _watch(folder: Path, started: dict[int, set[int]]) -> None:
+    """Once both ranks have started their workers, record each rank's child processes (the
+    DataLoader workers, and the forkserver that starts them), then tell the ranks to go on."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ranks = {int(f.name.split("-")[1]) for f in folder.glob("rank-*")}
+        if len(ranks) == 2:
+            started.update({pid: {c.pid for c in psutil.Process(pid).children(recursive=True)}
+                            for pid in ranks})
+            Path(folder, "seen").touch()
+            return
+        time.sleep(0.05)
+
+
+def test_dataloader_processes_die_with_their_rank(tmp_path):
+    started: dict[int, set[int]] = {}
+    watcher = threading.Thread(target=_watch, args=(tmp_path, started), daemon=True)
+    watcher.start()
+    with pytest.raises(DistributedError) as info:
+        launch(_dataloader_then_fail, 2, args=(str(tmp_path),), backend="gloo", timeout=60,
+               echo=False)
+    watcher.join()
+    # the positive control: while the ranks ran, the test saw each one's children, its two
+    # workers at least (psutil lists live processes only), so the test below could fail
+    assert len(started) == 2 and all(len(c) >= 2 for c in started.values()), started
+    assert {f.rank: f.kind for f in info.value.failures} == {1: "exception", 0: "stopped"}
+    children = set().union(*started.values())
+    deadline = time.monotonic() + 5
+    while alive(children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(children), f"DataLoader processes {alive(children)} outlived their rank"
 
 
 LOCK = threading.Lock()
@@ -139,7 +176,7 @@ def test_unpicklable_function_fails_before_any_worker_starts(monkeypatch):
 
     monkeypatch.setattr(launcher, "start_worker", no_start)
     with pytest.raises(UnpicklableError) as info:
-        launch(_uses_lock, 2)
+        launch(_uses_lock, 2, backend="gloo")
     message = str(info.value)
     assert "'LOCK'" in message and "lock" in message and "inside the function" in message
     assert isinstance(info.value, TypeError)
@@ -148,12 +185,13 @@ def test_unpicklable_function_fails_before_any_worker_starts(monkeypatch):
 def test_unpicklable_argument_is_named(monkeypatch):
     monkeypatch.setattr(launcher, "start_worker", None)
     with pytest.raises(UnpicklableError, match="argument 1"):
-        launch(lambda a, b: None, 2, args=(1, threading.Lock()))
+        launch(lambda a, b: None, 2, args=(1, threading.Lock()), backend="gloo")
 
 
 def test_unpicklable_result_names_the_rank_and_what_to_return():
     with pytest.raises(DistributedError) as info:
-        launch(lambda: threading.Lock() if dist.get_rank() == 1 else 0, 2, echo=False)
+        launch(lambda: threading.Lock() if dist.get_rank() == 1 else 0, 2, backend="gloo",
+               echo=False)
     first = info.value.failures[0]
     assert first.rank == 1 and "cannot be sent back" in first.message
     assert "state_dict" in first.message

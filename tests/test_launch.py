@@ -12,7 +12,7 @@ from course_lib.launching.sockets import non_loopback, socket_addresses
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_results_come_back_in_rank_order(world_size):
-    run = launch(lambda: dist.get_rank() * 10, world_size, echo=False)
+    run = launch(lambda: dist.get_rank() * 10, world_size, backend="gloo", echo=False)
     assert run.results == [r * 10 for r in range(world_size)]
     assert run.world_size == world_size and run.backend == "gloo"
 
@@ -23,7 +23,7 @@ def test_process_group_is_ready_and_collectives_work():
         dist.all_reduce(t)
         return t.item(), dist.get_world_size(), dist.get_backend()
 
-    assert launch(total, 3, echo=False).results == [(6.0, 3, "gloo")] * 3
+    assert launch(total, 3, backend="gloo", echo=False).results == [(6.0, 3, "gloo")] * 3
 
 
 def _environment():
@@ -33,7 +33,7 @@ def _environment():
 
 
 def test_torchrun_variables_and_one_thread_by_default():
-    run = launch(_environment, 2, echo=False)
+    run = launch(_environment, 2, backend="gloo", echo=False)
     for rank, (env, threads) in enumerate(run.results):
         assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
         assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "2"
@@ -46,7 +46,8 @@ def test_torchrun_variables_and_one_thread_by_default():
 
 
 def test_env_reaches_every_rank_and_can_ask_for_threads():
-    run = launch(_environment, 2, env={"COURSE_GREETING": "hi", "OMP_NUM_THREADS": 2}, echo=False)
+    run = launch(_environment, 2, env={"COURSE_GREETING": "hi", "OMP_NUM_THREADS": 2},
+                 backend="gloo", echo=False)
     assert [env["COURSE_GREETING"] for env, _ in run.results] == ["hi", "hi"]
     assert [threads for _, threads in run.results] == [2, 2]
 
@@ -61,10 +62,11 @@ def test_arguments_closures_lambdas_and_local_classes():
     def make(scale, *, extra):
         return Box(dist.get_rank() * scale + offset + extra)
 
-    run = launch(make, 2, args=(3,), kwargs={"extra": 1}, echo=False)
+    run = launch(make, 2, args=(3,), kwargs={"extra": 1}, backend="gloo", echo=False)
     assert all(isinstance(b, Box) for b in run.results)
     assert [b.value for b in run.results] == [101, 104]
-    assert launch(lambda x: x + dist.get_rank(), 2, args=(5,), echo=False).results == [5, 6]
+    run = launch(lambda x: x + dist.get_rank(), 2, args=(5,), backend="gloo", echo=False)
+    assert run.results == [5, 6]
 
 
 def test_output_is_prefixed_live_and_kept(capsys):
@@ -74,7 +76,7 @@ def test_output_is_prefixed_live_and_kept(capsys):
         print(f"hello from {dist.get_rank()}")
         print("careful", file=sys.stderr)
 
-    run = launch(chatty, 2)
+    run = launch(chatty, 2, backend="gloo")
     captured = capsys.readouterr()
     assert "[rank 0] hello from 0" in captured.out and "[rank 1] hello from 1" in captured.out
     assert "[rank 1] careful" in captured.err
@@ -84,7 +86,7 @@ def test_output_is_prefixed_live_and_kept(capsys):
 
 def test_twenty_reruns_in_a_row():
     for i in range(20):
-        run = launch(lambda i: (dist.get_rank(), i), 2, args=(i,), echo=False)
+        run = launch(lambda i: (dist.get_rank(), i), 2, args=(i,), backend="gloo", echo=False)
         assert run.results == [(0, i), (1, i)]
 
 
@@ -94,13 +96,13 @@ def test_ranks_hold_no_socket_outside_loopback():
         dist.all_reduce(t)  # gloo's connections exist now
         return socket_addresses(os.getpid())
 
-    for addresses in launch(sockets, 2, echo=False).results:
+    for addresses in launch(sockets, 2, backend="gloo", echo=False).results:
         assert addresses, "expected the rank to hold gloo sockets"
         assert non_loopback(addresses) == []
 
 
 def test_timings_are_recorded():
-    run = launch(lambda: None, 2, echo=False)
+    run = launch(lambda: None, 2, backend="gloo", echo=False)
     for t in run.timings:
         assert t["started"] <= t["ready"] <= t["result"]
     assert run.wall_time > 0
@@ -120,7 +122,7 @@ def test_each_rank_starts_with_its_own_random_state_like_a_fresh_process():
     def draws():
         return torch.initial_seed(), torch.randn(1).item(), random.random(), np.random.rand()
 
-    first, second = launch(draws, 2, echo=False).results
+    first, second = launch(draws, 2, backend="gloo", echo=False).results
     assert all(a != b for a, b in zip(first, second))
 
 
@@ -128,6 +130,6 @@ def test_debug_level_from_env_reaches_the_process_group():
     def level():
         return str(dist.get_debug_level())
 
-    run = launch(level, 2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}, echo=False)
+    run = launch(level, 2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}, backend="gloo", echo=False)
     assert run.results == ["DebugLevel.INFO"] * 2
-    assert launch(level, 2, echo=False).results == ["DebugLevel.OFF"] * 2
+    assert launch(level, 2, backend="gloo", echo=False).results == ["DebugLevel.OFF"] * 2
