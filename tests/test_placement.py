@@ -178,7 +178,7 @@ def snapshot_of_ddp_model():
 
 
 def test_snapshots_come_back_from_real_ranks_through_the_ddp_wrapper():
-    results = launch(snapshot_of_ddp_model, world_size=2, echo=False).results
+    results = launch(snapshot_of_ddp_model, world_size=2, backend="gloo", echo=False).results
     assert [s["rank"] for s in results] == [0, 1]
     assert [s["local_rank"] for s in results] == [0, 1]
     assert results[0]["items"][0] == {"name": "model parameters", "devices": {"cpu": 2},

@@ -217,7 +217,7 @@ def _train_everything():
 
 
 def test_every_plot_renders_a_real_run(tmp_path):
-    tel = launch(_train_everything, 2, echo=False).telemetry
+    tel = launch(_train_everything, 2, backend="gloo", echo=False).telemetry
     figures = [plots.gradients(tel), plots.batchnorm(tel), plots.samples(tel),
                plots.timeline(tel, steps=[4, 5]), plots.scalars(tel), plots.rank_bars(tel, "loss"),
                plots.compare_runs(tel, tel)]

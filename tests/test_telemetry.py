@@ -52,7 +52,7 @@ def _independent_gradients(rank):
 
 @pytest.fixture(scope="module")
 def ddp_grad_run():
-    return launch(_ddp_gradients, 2, echo=False)
+    return launch(_ddp_gradients, 2, backend="gloo", echo=False)
 
 
 def test_gradients_after_all_reduce_equal_the_mean_of_each_ranks_own(ddp_grad_run):
@@ -89,7 +89,7 @@ def _hand_written_all_reduce():
 
 
 def test_explicit_gradient_records_around_a_hand_written_all_reduce():
-    grads = launch(_hand_written_all_reduce, 2, echo=False).telemetry.grads
+    grads = launch(_hand_written_all_reduce, 2, backend="gloo", echo=False).telemetry.grads
     before = [np.concatenate(grads.where(rank=r, when="before")["values"]) for r in (0, 1)]
     after = [np.concatenate(grads.where(rank=r, when="after")["values"]) for r in (0, 1)]
     np.testing.assert_allclose(after[0], (before[0] + before[1]) / 2, rtol=1e-5, atol=1e-7)
@@ -117,7 +117,7 @@ def _bucketed_steps():
 
 @pytest.fixture(scope="module")
 def bucket_run():
-    return launch(_bucketed_steps, 2, echo=False)
+    return launch(_bucketed_steps, 2, backend="gloo", echo=False)
 
 
 def test_one_all_reduce_per_bucket_with_the_buckets_bytes(bucket_run):
@@ -164,7 +164,7 @@ def _batchnorm_steps():
 
 
 def test_batchnorm_batch_statistics_and_buffers_match_direct_computation():
-    bn = launch(_batchnorm_steps, 2, echo=False).telemetry.batchnorm
+    bn = launch(_batchnorm_steps, 2, backend="gloo", echo=False).telemetry.batchnorm
     assert sorted(set(bn["step"])) == [0, 1, 2, 3]
     running_mean, running_var = torch.zeros(3), torch.ones(3)  # rank 0's, broadcast by DDP
     for step in range(4):
@@ -198,7 +198,7 @@ def _read_two_epochs():
 
 
 def test_recorded_indices_are_the_distributed_samplers():
-    run = launch(_read_two_epochs, 2, echo=False)
+    run = launch(_read_two_epochs, 2, backend="gloo", echo=False)
     samples = run.telemetry.samples
     data = TensorDataset(torch.arange(21))
     for rank in (0, 1):
@@ -228,7 +228,7 @@ def _spans_and_scalars():
 
 
 def test_spans_and_scalars_on_a_clock_every_rank_shares():
-    run = launch(_spans_and_scalars, 2, echo=False)
+    run = launch(_spans_and_scalars, 2, backend="gloo", echo=False)
     spans, scalars = run.telemetry.spans, run.telemetry.scalars
     starts = spans.where(name="after barrier")["start"]
     assert abs(starts[0] - starts[1]) < 0.1  # both left the barrier together
@@ -274,11 +274,11 @@ def _train(record):
 
 @pytest.fixture(scope="module")
 def recorded_run():
-    return launch(_train, 2, args=(True,), echo=False)
+    return launch(_train, 2, args=(True,), backend="gloo", echo=False)
 
 
 def test_recording_leaves_losses_and_weights_bitwise_equal(recorded_run):
-    plain = launch(_train, 2, args=(False,), echo=False)
+    plain = launch(_train, 2, args=(False,), backend="gloo", echo=False)
     for (losses_on, weights_on, _), (losses_off, weights_off, _) in zip(recorded_run.results,
                                                                         plain.results):
         assert losses_on == losses_off
@@ -329,7 +329,7 @@ def _profiled_steps(directory):
 
 
 def test_profiler_traces_load_into_spans_and_comms(tmp_path):
-    launch(_profiled_steps, 2, args=(str(tmp_path),), echo=False)
+    launch(_profiled_steps, 2, args=(str(tmp_path),), backend="gloo", echo=False)
     tel = telemetry.load_profiler_traces([tmp_path / "trace1.json", tmp_path / "trace0.json"])
     assert tel.ranks == [0, 1]  # from each trace's distributedInfo, not the order given
     for rank in (0, 1):
