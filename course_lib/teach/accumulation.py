@@ -1,0 +1,242 @@
+"""Gradient accumulation under DDP, seen from real runs: what each optimizer step costs in
+all-reduces, bytes and time, on a simulated slower link, and how far the ranks drift.
+
+    rec.watch_ddp(model, hook=slow_link, state=SlowLink(gbit_per_s=1))  # a slower link
+    sync_cost(rec.telemetry())          # all-reduces, bytes and seconds per optimizer step
+    plot_sync_cost({"name": cost, ...}) # the same for several runs, side by side
+    accumulation_explorer(grid)         # sliders for k and the link's bandwidth
+
+No `from __future__ import annotations`: DDP checks a comm hook's annotations at runtime.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class SlowLink:
+    """A link between ranks slower than this machine's loopback: every all-reduce waits
+    `latency_ms` plus its bytes at `gbit_per_s` before it starts (a model, not a network)."""
+
+    gbit_per_s: float
+    latency_ms: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.gbit_per_s <= 0 or self.latency_ms < 0:
+            raise ValueError(f"SlowLink needs gbit_per_s > 0 and latency_ms >= 0, got "
+                             f"{self.gbit_per_s} and {self.latency_ms}")
+
+    def seconds(self, nbytes: int) -> float:
+        """How long this link takes to carry `nbytes`, latency included."""
+        return self.latency_ms / 1e3 + nbytes * 8 / (self.gbit_per_s * 1e9)
+
+
+def slow_link(link: "SlowLink | None",
+              bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A DDP comm hook: wait as `link` would (None: no wait), then DDP's own average
+    (divide by the world size, all-reduce). The result is the same as without the hook."""
+    tensor = bucket.buffer()
+    if link is not None:
+        time.sleep(link.seconds(tensor.numel() * tensor.element_size()))
+    tensor.div_(dist.get_world_size())
+    return dist.all_reduce(tensor, async_op=True).get_future()
+
+
+def sync_cost(tel: Any, rank: int | None = None) -> dict[str, float]:
+    """One rank's cost per optimizer step: the mean all-reduces and MB all-reduced, and the
+    median seconds (one slow step on a shared machine does not move it), over the steps
+    recorded with rec.step() (spans "step") and watch_ddp (table comms). `rank`: the
+    telemetry's first rank unless given (a recorder's own telemetry has one)."""
+    rank = min(tel.ranks, default=0) if rank is None else rank
+    spans = tel.spans.where(rank=rank, name="step")
+    if not len(spans):
+        raise ValueError("no steps in this telemetry: wrap each optimizer step in "
+                         "rec.step(step) and record with rec.watch_ddp(model)")
+    comms = tel.comms.where(rank=rank)
+    steps = list(spans["step"])
+    calls = [int((comms["step"] == s).sum()) for s in steps]
+    sent = [float(comms["bytes"][comms["step"] == s].sum()) for s in steps]
+    return {"steps": len(steps), "allreduces": float(np.mean(calls)),
+            "mb": float(np.mean(sent)) / MB,
+            "seconds": float(np.median(spans["end"] - spans["start"]))}
+
+
+def plot_sync_cost(costs: dict[str, dict[str, float]], title: str = ""):
+    """Three panels, one bar per run: all-reduces, MB and milliseconds per optimizer step."""
+    from course_lib.plots.style import HATCHES, RANK_COLORS, new_figure
+
+    fig = new_figure(10, 3.0)
+    panels = (("allreduces", "all-reduces", "{:.0f}", 1), ("mb", "MB all-reduced", "{:.2f}", 1),
+              ("seconds", "milliseconds", "{:.1f}", 1e3))
+    names = list(costs)
+    for ax, (key, label, fmt, scale) in zip(fig.subplots(1, 3), panels):
+        values = [costs[n][key] * scale for n in names]
+        bars = ax.bar(range(len(names)), values, color=RANK_COLORS[: len(names)],
+                      hatch=None, edgecolor="black")
+        for bar, hatch in zip(bars, HATCHES):
+            bar.set_hatch(hatch)
+        ax.bar_label(bars, [fmt.format(v) for v in values], fontsize="small")
+        ax.set_xticks(range(len(names)), names, fontsize="small")
+        ax.set_ylim(0, max(values) * 1.25 or 1)
+        ax.set_title(f"{label} per optimizer step", fontsize="medium")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_rank_gap(gaps: dict[str, list[float]]):
+    """Per run, the distance between two ranks' weights after each optimizer step."""
+    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure, step_axis
+
+    fig = new_figure(7, 3.2)
+    ax = fig.subplots()
+    for i, (name, values) in enumerate(gaps.items()):
+        ax.plot(range(1, len(values) + 1), values, label=name, color=RANK_COLORS[i],
+                linestyle=LINESTYLES[i], marker=MARKERS[i])
+    ax.set_ylim(0, None)
+    step_axis(ax)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("‖rank 0 weights − rank 1 weights‖")
+    ax.set_title("How far apart the ranks' weights are (0: identical)")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_allreduces_per_step(tel: Any, title: str):
+    """Per optimizer step and rank, the all-reduces DDP made (one bar each, with its MB)."""
+    from course_lib.plots.style import new_figure, rank_bar_style, step_axis
+
+    fig = new_figure(7, 3.0)
+    ax = fig.subplots()
+    steps = sorted({int(s) for s in tel.spans.where(name="step")["step"]})
+    width = 0.8 / len(tel.ranks)
+    for i, rank in enumerate(tel.ranks):
+        comms = tel.comms.where(rank=rank)
+        calls = [int((comms["step"] == s).sum()) for s in steps]
+        sent = [float(comms["bytes"][comms["step"] == s].sum()) / MB for s in steps]
+        bars = ax.bar([s + (i - (len(tel.ranks) - 1) / 2) * width for s in steps], calls,
+                      width, label=f"rank {rank}", **rank_bar_style(rank))
+        ax.bar_label(bars, [f"{c} ({m:.1f} MB)" for c, m in zip(calls, sent)],
+                     fontsize="x-small")
+    ax.set_ylim(0, max(1, ax.get_ylim()[1]) * 1.25)
+    step_axis(ax)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("all-reduces")
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="small", loc="upper right")
+    return fig
+
+
+def plot_loss_curves(curves: dict[str, list[float]], k: int):
+    """Training loss per optimizer step, one line per run."""
+    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure, step_axis
+
+    fig = new_figure(7, 3.2)
+    ax = fig.subplots()
+    for i, (name, values) in enumerate(curves.items()):
+        ax.plot(values, label=name, color=RANK_COLORS[i], linestyle=LINESTYLES[i],
+                marker=MARKERS[i], markersize=4 + 2 * (len(curves) - i), fillstyle="none")
+    ax.set_yscale("log")
+    step_axis(ax)
+    ax.set_ylabel("loss on the global batch")
+    ax.set_title(f"Accumulating k = {k} micro-batches with SGD")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def plot_reference_gap(gaps: dict[str, float], tolerance: float):
+    """One bar per run: the largest difference between its gradient and one process's on the
+    global batch (log scale), with the tolerance drawn as a line."""
+    from course_lib.plots.style import HATCHES, HIGHLIGHT, RANK_COLORS, new_figure
+
+    fig = new_figure(6, 3.0)
+    ax = fig.subplots()
+    floor = tolerance / 100
+    values = [max(v, floor) for v in gaps.values()]
+    bars = ax.bar(range(len(gaps)), values, color=RANK_COLORS[: len(gaps)],
+                  edgecolor="black")
+    for bar, hatch in zip(bars, HATCHES):
+        bar.set_hatch(hatch)
+    ax.bar_label(bars, [f"{v:.1e}" for v in gaps.values()], fontsize="small")
+    ax.axhline(tolerance, color=HIGHLIGHT, ls="--", lw=1)
+    ax.text(-0.4, tolerance * 1.5, f"tolerance {tolerance:g}", color=HIGHLIGHT,
+            fontsize="small")
+    ax.set_yscale("log")
+    ax.set_ylim(floor / 3, max(values) * 20)
+    ax.set_xticks(range(len(gaps)), list(gaps))
+    ax.set_ylabel("largest |gradient - one process|")
+    ax.set_title("Accumulated gradient against one process on the global batch",
+                 fontsize="medium")
+    return fig
+
+
+# -- the grid behind the widget: {(mode, k, gbit_per_s): sync_cost} --------------------------
+
+def _grid_axes(grid: dict[tuple[str, int, float], dict[str, float]]):
+    modes = sorted({m for m, _, _ in grid})
+    ks = sorted({k for _, k, _ in grid})
+    links = sorted({g for _, _, g in grid})
+    return modes, ks, links
+
+
+def plot_accumulation_grid(grid: dict[tuple[str, int, float], dict[str, float]]):
+    """Milliseconds per optimizer step against k, one line per (mode, bandwidth)."""
+    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure
+
+    modes, ks, links = _grid_axes(grid)
+    fig = new_figure(8, 3.6)
+    ax = fig.subplots()
+    for i, gbit in enumerate(links):
+        for j, mode in enumerate(modes):
+            ms = [grid[mode, k, gbit]["seconds"] * 1e3 for k in ks]
+            ax.plot(ks, ms, color=RANK_COLORS[i], linestyle=LINESTYLES[j * 2],
+                    marker=MARKERS[j], label=f"{mode}, {gbit:g} Gbit/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("k, micro-batches per optimizer step")
+    ax.set_ylabel("ms per optimizer step")
+    ax.set_title("Time per optimizer step (real runs, simulated link)")
+    ax.legend(fontsize="x-small", ncol=len(links))
+    return fig
+
+
+def plot_grid_point(grid: dict[tuple[str, int, float], dict[str, float]], k: int,
+                    gbit: float):
+    """One (k, bandwidth) point of the grid: each mode's all-reduces and ms per step."""
+    modes, ks, links = _grid_axes(grid)
+    if (modes[0], k, gbit) not in grid:
+        raise ValueError(f"no run with k={k} at {gbit} Gbit/s; the grid has k in {ks} and "
+                         f"bandwidths {links}")
+    costs = {mode: grid[mode, k, gbit] for mode in modes}
+    return plot_sync_cost(costs, f"k = {k} micro-batches, link {gbit:g} Gbit/s")
+
+
+def accumulation_explorer(grid: dict[tuple[str, int, float], dict[str, float]]):
+    """plot_accumulation_grid(grid), then sliders for k and bandwidth that redraw one point
+    from the cached runs (moving them runs nothing)."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    modes, ks, links = _grid_axes(grid)
+    display(plot_accumulation_grid(grid))
+    k_slider = widgets.SelectionSlider(options=ks, value=ks[len(ks) // 2], description="k")
+    link_slider = widgets.SelectionSlider(options=links, value=links[0],
+                                          description="Gbit/s")
+    out = widgets.Output()
+
+    def redraw(_: object = None) -> None:
+        with out:
+            out.clear_output(wait=True)
+            display(plot_grid_point(grid, k_slider.value, link_slider.value))
+
+    k_slider.observe(redraw, "value")
+    link_slider.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([widgets.HBox([k_slider, link_slider]), out])
