@@ -1,0 +1,368 @@
+"""JupyterLab and a page in it, as a learner has them: a private JupyterLab server, Run All
+from the Run menu, what the page shows (figures, widgets, errors) and screenshots of it.
+Used by tests/test_browser.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import nbformat
+
+from course_lib.authoring.outputs import error_output
+from course_lib.protocol import CHECK, CHECK_MIME, EXERCISE, course_meta
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+IMAGE_TYPES = ("image/png", "image/jpeg", "image/svg+xml")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+# --- the server ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lab_command(root: Path, port: int, token: str, home: Path) -> list[str]:
+    return [sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root",
+            "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+            f"--LabApp.user_settings_dir={home / 'settings'}",
+            f"--LabApp.workspaces_dir={home / 'workspaces'}",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+
+
+def lab_env(home: Path) -> dict[str, str]:
+    """Private config, data, runtime and settings folders; the news pop-up switched off;
+    widget state saved with the notebook (so the test can read what Output widgets hold)."""
+    labconfig = home / "config" / "labconfig"
+    labconfig.mkdir(parents=True)
+    (labconfig / "page_config.json").write_text(json.dumps(
+        {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    widgets = home / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
+    widgets.mkdir(parents=True)
+    (widgets / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
+    return {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
+            "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
+
+
+class Lab:
+    """A running JupyterLab: its URL, token, and REST calls on it."""
+
+    def __init__(self, url: str, token: str, root: Path):
+        self.url, self.token, self.root = url, token, root
+
+    def api(self, path: str, method: str = "GET") -> object:
+        request = urllib.request.Request(f"{self.url}/api/{path}", method=method,
+                                         headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+    def notebook_url(self, path: str) -> str:
+        """The notebook in a workspace of its own (nothing restored from an earlier page)."""
+        workspace = Path(path).stem
+        return f"{self.url}/lab/workspaces/{workspace}/tree/{path}?token={self.token}"
+
+    def shut_down_kernels(self) -> None:
+        """As a learner closing the notebook: its kernel, and the ranks it started, end."""
+        for kernel in self.api("kernels"):
+            self.api(f"kernels/{kernel['id']}", method="DELETE")
+
+
+@contextmanager
+def jupyterlab(root: Path, home: Path) -> Iterator[Lab]:
+    """Serve `root` on a free loopback port."""
+    port, token = free_port(), secrets.token_hex(16)
+    log = home / "server.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(lab_command(root, port, token, home), env=lab_env(home),
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_server(server, f"http://127.0.0.1:{port}/api/status?token={token}", log)
+        yield Lab(f"http://127.0.0.1:{port}", token, root)
+    finally:
+        server.terminate()  # shuts any kernel left (and the ranks it started) down
+        server.wait(timeout=30)
+
+
+def wait_for_server(server: subprocess.Popen, url: str, log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited:\n{log.read_text()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"JupyterLab did not answer within {timeout} s:\n"
+                       f"{log.read_text()[-2000:]}")
+
+
+# --- a learner's actions in the page --------------------------------------------------------
+
+KERNEL_IDLE = """() => [...document.querySelectorAll('.jp-StatusBar-TextItem')]
+    .some(e => /\\(ipykernel\\) \\| Idle/.test(e.textContent))"""
+
+# The notebook toolbar's execution indicator (the circle a learner sees fill up) turns busy
+# when Run All sends its requests and idle once the kernel has answered every one of them,
+# executed or aborted after an error. An observer records the busy turn, so a fast run
+# cannot slip between two polls.
+WATCH_RUN = """() => {
+    const run = window.courseRunAll = {busy: false};
+    const mark = () => {
+        if (document.querySelector('.jp-Notebook-ExecutionIndicator[data-status="busy"]'))
+            run.busy = true;
+    };
+    new MutationObserver(mark).observe(document.body, {subtree: true, childList: true,
+        attributes: true, attributeFilter: ['data-status']});
+}"""
+RUN_FINISHED = """() => window.courseRunAll.busy
+    && document.querySelector('.jp-Notebook-ExecutionIndicator').dataset.status === 'idle'"""
+
+
+def open_notebook(page, url: str, cells: int, timeout_ms: int = 120_000) -> None:
+    """Open the notebook; wait for every cell and an idle kernel."""
+    page.goto(url)
+    page.wait_for_function(
+        f"document.querySelectorAll('.jp-Notebook .jp-Cell').length == {cells}",
+        timeout=timeout_ms)
+    page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
+
+
+def run_all(page, timeout_ms: int) -> None:
+    """Run > Run All Cells, as a learner does; wait until the kernel has answered every
+    request and is idle."""
+    page.evaluate(WATCH_RUN)
+    page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook is the current widget
+    page.get_by_role("menuitem", name="Run", exact=True).click()
+    page.locator("li[data-command='runmenu:run-all']").click()
+    page.wait_for_function(RUN_FINISHED, timeout=timeout_ms, polling=250)
+    page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
+
+
+def saved_notebook(page, path: Path, timeout: float = 60) -> nbformat.NotebookNode:
+    """File > Save from the page, then read back what the browser's kernel produced."""
+    before = path.stat().st_mtime_ns
+    page.locator(".jp-NotebookPanel-toolbar [data-command='docmanager:save']").click()
+    deadline = time.monotonic() + timeout
+    while path.stat().st_mtime_ns == before:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"JupyterLab did not save {path.name} within {timeout} s")
+        time.sleep(0.1)
+    return nbformat.read(path, as_version=4)
+
+
+# --- what the page shows --------------------------------------------------------------------
+
+# Per cell, in notebook order: the figures (and the % of its width each is shown at), widgets
+# and text its output area shows. Each figure and widget is marked (data-course-shot) for
+# its screenshot.
+SHOWN = r"""(widgetClasses) => {
+    const repr = new RegExp('\\b(' + widgetClasses.join('|') + ')\\((\\)|\\w+=)');
+    const stuck = /Loading widget\.\.\.|Error displaying widget/;
+    const loaded = img => img.complete && img.naturalWidth > 0;
+    return [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map((cell, i) => {
+        const seen = {figures: 0, blankFigures: 0, widgets: 0, widgetFigures: 0,
+                      blankWidgetFigures: 0, stuck: [], reprs: [], text: '', shots: [],
+                      scales: []};
+        const area = cell.querySelector('.jp-Cell-outputArea');
+        if (!area) return seen;
+        seen.text = area.textContent;
+        const mark = (node, kind, k) => {
+            const name = `cell${String(i + 1).padStart(2, '0')}-${kind}${k}`;
+            node.setAttribute('data-course-shot', name);
+            seen.shots.push(name);
+        };
+        const outputs = area.querySelectorAll(
+            ':scope > .jp-OutputArea-child > .jp-OutputArea-output');
+        for (const out of outputs) {
+            const mime = out.dataset.mimeType || '';
+            const view = out.querySelector(':scope > .jupyter-widgets');
+            if (stuck.test(out.textContent)) {
+                seen.stuck.push(out.textContent.trim().slice(0, 200));
+            } else if (mime.startsWith('image/')) {
+                const img = out.querySelector('img');
+                if (img && loaded(img)) {
+                    mark(out, 'figure', ++seen.figures);
+                    seen.scales.push(Math.round(100 * img.width / img.naturalWidth));
+                } else seen.blankFigures += 1;
+            } else if (view) {
+                mark(view, 'widget', ++seen.widgets);
+                for (const img of view.querySelectorAll('img')) {
+                    if (loaded(img)) seen.widgetFigures += 1;
+                    else seen.blankWidgetFigures += 1;
+                }
+            } else {
+                const found = out.textContent.match(repr);
+                if (found) seen.reprs.push(found[0]);
+            }
+        }
+        return seen;
+    });
+}"""
+
+WIDGETS_SETTLED = """() => ![...document.querySelectorAll('.jp-OutputArea-output')]
+    .some(e => e.textContent.trim() === 'Loading widget...')"""
+
+
+def widget_classes() -> list[str]:
+    """The names of ipywidgets' widget classes, whose text repr (`IntSlider(value=3, ...)`)
+    a page shows when a widget fails to render."""
+    import ipywidgets
+
+    return sorted(name for name, obj in vars(ipywidgets).items()
+                  if isinstance(obj, type) and issubclass(obj, ipywidgets.DOMWidget))
+
+
+def shown_outputs(page, timeout_ms: int = 60_000) -> list[dict]:
+    """What each cell's output area shows, once no widget is still loading (a widget still
+    loading after timeout_ms is reported as stuck)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(WIDGETS_SETTLED, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        pass  # a widget still loading is reported as stuck, in its cell
+    return page.evaluate(SHOWN, widget_classes())
+
+
+# --- what the kernel produced, against what the page shows ---------------------------------
+
+def count_outputs(cell: dict, mimes: tuple[str, ...]) -> int:
+    """How many of the cell's outputs carry one of these MIME types."""
+    return sum(1 for out in cell.get("outputs", []) if any(m in out.get("data", {}) for m in mimes))
+
+
+def widget_state_figures(nb: dict) -> int:
+    """Figures the kernel sent into Output widgets (the saved widget state holds them)."""
+    state = nb.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    return sum(count_outputs(model.get("state", {}), IMAGE_TYPES) for model in state.values()
+               if model.get("model_name") == "OutputModel")
+
+
+def display_problems(nb: dict, shown: list[dict]) -> list[str]:
+    """Every code cell ran; each figure the kernel drew is an image in the page; each widget
+    renders as a widget (not stuck loading, not its text repr)."""
+    if len(shown) != len(nb["cells"]):
+        return [f"the page shows {len(shown)} cells, the notebook has {len(nb['cells'])}"]
+    found = []
+    for number, (cell, seen) in enumerate(zip(nb["cells"], shown), start=1):
+        if cell["cell_type"] != "code":
+            continue
+        if cell.get("execution_count") is None:
+            found.append(f"cell {number}: did not run")
+        figures, widgets = count_outputs(cell, IMAGE_TYPES), count_outputs(cell, (WIDGET_VIEW,))
+        if seen["figures"] != figures:
+            found.append(f"cell {number}: the kernel drew {figures} figure(s), the page shows "
+                         f"{seen['figures']} ({seen['blankFigures']} blank)")
+        if seen["widgets"] != widgets:
+            found.append(f"cell {number}: the kernel displayed {widgets} widget(s), the page "
+                         f"renders {seen['widgets']}")
+        found += [f"cell {number}: widget shows {text!r}" for text in seen["stuck"]]
+        found += [f"cell {number}: a widget shown as text: {text!r}" for text in seen["reprs"]]
+        if seen["blankWidgetFigures"]:
+            found.append(f"cell {number}: {seen['blankWidgetFigures']} blank figure(s) in widgets")
+    inside = sum(seen["widgetFigures"] for seen in shown)
+    if inside != widget_state_figures(nb):
+        found.append(f"the kernel drew {widget_state_figures(nb)} figure(s) into widgets, "
+                     f"the page shows {inside}")
+    return found
+
+
+def save_screenshots(page, shown: list[dict], nb: dict, folder: Path) -> list[Path]:
+    """The screen as it is, then each figure and widget, then each error as the page shows
+    them (element screenshots: the notebook panel scrolls, so one screen shows little)."""
+    saved = [folder / "page.png"]
+    page.screenshot(path=saved[0])
+    cells = page.locator(".jp-Notebook .jp-Cell")
+    for name in (name for seen in shown for name in seen["shots"]):
+        saved.append(folder / f"{name}.png")
+        element_screenshot(page, page.locator(f"[data-course-shot='{name}']"), saved[-1])
+    for number, cell in enumerate(nb["cells"], start=1):
+        if error_output(cell) is not None:
+            saved.append(folder / f"cell{number:02d}-error.png")
+            error = cells.nth(number - 1).locator(".jp-Cell-outputArea > .jp-OutputArea-child")
+            element_screenshot(page, error.last, saved[-1])
+    return saved
+
+
+def element_screenshot(page, element, path: Path) -> None:
+    """The element as the notebook panel shows it; one taller than the panel is scrolled to
+    its end (where a traceback names the error) and cut at the panel's edges."""
+    panel = page.locator(".jp-NotebookPanel .jp-WindowedPanel-outer").bounding_box()
+    box = scrolled_into_view(page, element, panel)
+    top = max(box["y"], panel["y"])
+    bottom = min(box["y"] + box["height"], panel["y"] + panel["height"])
+    page.screenshot(path=path, clip={"x": box["x"], "y": top, "width": box["width"],
+                                     "height": bottom - top})
+
+
+def scrolled_into_view(page, element, panel: dict, tries: int = 20) -> dict:
+    """Scroll the element into the panel until its place stops moving: cells that come into
+    view are laid out only then (content-visibility), which shifts what follows them."""
+    block = "end" if element.bounding_box()["height"] > panel["height"] else "center"
+    box = None
+    for _ in range(tries):
+        element.evaluate(f"e => e.scrollIntoView({{block: '{block}'}})")
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => "
+                      "requestAnimationFrame(r)))")
+        before, box = box, element.bounding_box()
+        if box == before:
+            break
+    return box
+
+
+def failing_check_problems(nb: dict, shown: list[dict]) -> list[str]:
+    """An exercise as handed out: each check cell shows the learner its failure (the stub's
+    NotImplementedError or a failed check result), with its message visible in the page."""
+    found = []
+    for number, (cell, seen) in enumerate(zip(nb["cells"], shown), start=1):
+        if course_meta(cell).get(EXERCISE) != CHECK:
+            continue
+        message = failure_message(cell)
+        if message is None:
+            found.append(f"cell {number}: the check shows no failure for the untouched stub")
+        elif message not in seen["text"]:
+            found.append(f"cell {number}: the page does not show the check's {message!r}")
+    return found
+
+
+def failure_message(cell: dict) -> str | None:
+    """The first line of what a failing check tells the learner; None if it did not fail."""
+    error = error_output(cell)
+    if error is not None:
+        return opening(str(error.get("evalue", "")))
+    results = [out["data"][CHECK_MIME] for out in cell.get("outputs", [])
+               if CHECK_MIME in out.get("data", {})]
+    failed = [result for result in results if not result.get("passed")]
+    return opening(failed[0]["message"]) if failed else None
+
+
+def opening(text: str, width: int = 60) -> str:
+    """The start of the text's first line: enough to find it in the page."""
+    lines = text.strip().splitlines()
+    return lines[0][:width] if lines else ""
+
+
+def shrunk_figures(shown: list[dict], below: int = 80) -> list[str]:
+    """Figures the page scales down to fit the notebook's width (small text to read)."""
+    return [f"cell {number}: figure shown at {scale}% of its width"
+            for number, seen in enumerate(shown, start=1) for scale in seen["scales"]
+            if scale < below]
