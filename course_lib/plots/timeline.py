@@ -23,8 +23,8 @@ from course_lib.telemetry import Table, Telemetry
 
 # name -> (colour, hatch); distinct in greyscale through brightness and hatching
 KNOWN = {"forward": (SKY, ""), "backward": (BLUE, ""), "optimizer": (GREEN, "\\\\"),
-         "allreduce": (ORANGE, "//"), "idle": ("#DDDDDD", "..")}
-OTHERS = ((PURPLE, "++"), (YELLOW, "xx"), ("#999999", "oo"))
+         "allreduce": (ORANGE, "//"), "data": (YELLOW, "xx"), "idle": ("#DDDDDD", "..")}
+OTHERS = ((PURPLE, "++"), ("#999999", "oo"), ("#FFFFFF", "\\\\"))
 LANE_HEIGHT = 0.8
 
 

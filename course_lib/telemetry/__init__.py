@@ -10,7 +10,7 @@
 In the notebook, `launch(...)` returns the records of every rank as `run.telemetry`.
 """
 
-from course_lib.telemetry.chrome import chrome_trace
+from course_lib.telemetry.chrome import chrome_trace, merge_traces
 from course_lib.telemetry.collect import ENV_DIR
 from course_lib.telemetry.recorder import Recorder
 from course_lib.telemetry.run_telemetry import Telemetry, load
@@ -19,4 +19,4 @@ from course_lib.telemetry.table import Table
 load_profiler_traces = Telemetry.from_profiler_traces
 
 __all__ = ["Recorder", "Telemetry", "Table", "load", "load_profiler_traces", "chrome_trace",
-           "ENV_DIR"]
+           "merge_traces", "ENV_DIR"]

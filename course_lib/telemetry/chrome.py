@@ -3,8 +3,10 @@
 The export opens in ui.perfetto.dev or chrome://tracing: one process track per rank, with a
 "compute" thread (spans) and a "communication" thread (all-reduces). Traces that
 torch.profiler exported on each rank become per-rank payloads (Recorder.export()'s shape),
-which Telemetry.from_profiler_traces merges, so the same plots draw them. This module knows
-tables, not the Telemetry class: run_telemetry imports it, never the other way round.
+which Telemetry.from_profiler_traces merges, so the same plots draw them. merge_traces writes
+the per-rank profiler traces (and optionally the run's spans and all-reduces) into one file,
+one process per rank, on the clock the ranks of a machine share. This module knows tables,
+not the Telemetry class: run_telemetry imports it, never the other way round.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ COMPUTE, COMMUNICATION = 0, 1  # thread ids inside each rank's track
 # record_function names that torch itself adds, and the span names they stand for
 ALIASES = {"DistributedDataParallel.forward": "forward", "Optimizer.step": "optimizer",
            "Optimizer.zero_grad": "zero_grad"}
+# chrome_trace's threads -> (thread id, name) in a merged trace
+COURSE_THREADS = {COMPUTE: (1, "course: spans"), COMMUNICATION: (2, "course: all-reduce buckets")}
 COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc):(\w+)$")  # e.g. "gloo:all_reduce"
 DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4,
                "long int": 8}
@@ -50,6 +54,73 @@ def save_chrome_trace(tel: Telemetry, path: str | os.PathLike) -> Path:
     path = Path(path)
     path.write_text(json.dumps(chrome_trace(tel)))
     return path
+
+
+def merge_traces(paths: Iterable[str | os.PathLike], out: str | os.PathLike,
+                 tel: Telemetry | None = None) -> Path:
+    """Write torch.profiler's per-rank Chrome traces as ONE trace: process N is rank N.
+
+    Every event moves to the rank's process (its threads keep their names: the Python
+    thread, gloo's pt_gloo_runloop threads...), and every time to microseconds since the
+    earliest event of any rank, on the shared clock (each trace's baseTimeNanoseconds plus
+    its ts: Unix time). With `tel` (the same run's telemetry), its spans and all-reduces
+    come too, as two threads per rank. A trace's rank comes from its distributedInfo.
+    """
+    traces = [json.loads(Path(p).read_text()) for p in paths]
+    if not traces:
+        raise ValueError("merge_traces() needs the per-rank trace files, got none")
+    ranks = [(t.get("distributedInfo") or {}).get("rank", i) for i, t in enumerate(traces)]
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"two traces claim the same rank ({ranks}): pass one file per rank")
+    base = min(t.get("baseTimeNanoseconds", 0) for t in traces)
+    events = []
+    for rank, trace in zip(ranks, traces):
+        shift = (trace.get("baseTimeNanoseconds", 0) - base) / 1e3
+        events += _rank_events(trace, rank, len(ranks), shift)
+    if tel is not None:
+        course = chrome_trace(tel)["traceEvents"]
+        shift = _start(tel) * 1e6 - base / 1e3
+        events += [_course_event(e, shift) for e in course if e["ph"] != "M" or
+                   e["name"] == "thread_name"]
+    t0 = min(e["ts"] for e in events if e["ph"] != "M")
+    for e in events:
+        e["ts"] = 0.0 if e["ph"] == "M" else e["ts"] - t0
+    events.sort(key=lambda e: (e["ph"] != "M", e["pid"], e["tid"], e["ts"]))
+    meta = [m for rank in ranks for m in _process_names(rank)]
+    path = Path(out)
+    path.write_text(json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))
+    return path
+
+
+def _rank_events(trace: dict[str, Any], rank: int, world: int,
+                 shift: float) -> list[dict[str, Any]]:
+    """The events of one rank's own process, moved to pid `rank`; flow ids made unique."""
+    kept = []
+    for e in trace.get("traceEvents", []):
+        if not isinstance(e.get("pid"), int) or e.get("ph") not in ("X", "M", "s", "f", "i"):
+            continue  # the profiler's own pseudo-processes ("Spans", "Traces")
+        if e["ph"] == "M" and e["name"] not in ("thread_name", "thread_sort_index"):
+            continue  # process names come from _process_names
+        e = {**e, "pid": rank, "ts": float(e.get("ts", 0)) + shift}
+        if "id" in e:
+            e["id"] = int(e["id"]) * world + rank
+        kept.append(e)
+    return kept
+
+
+def _course_event(e: dict[str, Any], shift: float) -> dict[str, Any]:
+    """A chrome_trace event on its own thread of the merged trace (OS thread ids are large)."""
+    tid, name = COURSE_THREADS[e["tid"]]
+    if e["ph"] == "M":
+        return {**e, "tid": tid, "args": {"name": name}}
+    return {**e, "tid": tid, "ts": e["ts"] + shift}
+
+
+def _process_names(rank: int) -> list[dict[str, Any]]:
+    return [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "ts": 0.0,
+             "args": {"name": f"rank {rank}"}},
+            {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "ts": 0.0,
+             "args": {"sort_index": rank}}]
 
 
 def profiler_payloads(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:

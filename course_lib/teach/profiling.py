@@ -1,0 +1,176 @@
+"""Where a step's time goes, per rank, from a run's telemetry: compute, data loading, time
+inside the all-reduces split into waiting for the last rank and communicating, the all-reduce
+time that ran while backward was still computing, and the step time.
+
+    time_breakdown(run.telemetry)   # {rank: {"compute": s, "data": s, "communication": s,
+                                    #         "wait": s}}
+    plot_breakdown({"label": run.telemetry, ...})
+    overlap(run.telemetry)          # {rank: (s per step of all-reduce during backward, after)}
+    step_time(run.telemetry)        # median seconds per step, slowest rank
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+COMPUTE = ("forward", "backward", "optimizer")  # spans in which a rank computes
+DATA = "data"  # the span in which a rank waits for its next batch
+CATEGORIES = ("compute", "data", "communication", "wait")
+
+
+def time_breakdown(tel: Any, skip: int = 0) -> dict[int, dict[str, float]]:
+    """Seconds per rank over the steps from `skip` on: compute (forward, backward, optimizer
+    spans), data (data spans), and the time inside collectives, split at the moment the last
+    rank called each one: before it the rank waits for the others ("wait"), after it the data
+    moves ("communication"). Collectives in flight together count once (a union of intervals)."""
+    spans = tel.spans
+    out = {}
+    for rank in tel.ranks:
+        mine = spans.where(rank=rank)
+        kept = mine["step"] >= skip
+        length = (mine["end"] - mine["start"])[kept]
+        names = mine["name"][kept]
+        out[rank] = {"compute": float(length[np.isin(names, COMPUTE)].sum()),
+                     "data": float(length[names == DATA].sum()), "communication": 0.0,
+                     "wait": 0.0}
+    inside: dict[int, list] = {r: [] for r in tel.ranks}
+    waiting: dict[int, list] = {r: [] for r in tel.ranks}
+    for (step, _bucket), rows in _collectives(tel.comms).items():
+        if step < skip:
+            continue
+        last = max(start for _, start, _ in rows)  # the moment the last rank called it
+        for rank, start, end in rows:
+            inside[rank].append((start, end))
+            waiting[rank].append((start, min(last, end)))
+    for rank in tel.ranks:
+        wait = covered(waiting[rank])
+        out[rank]["wait"] = wait
+        out[rank]["communication"] = covered(inside[rank]) - wait
+    return out
+
+
+def covered(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of the (start, end) intervals (overlaps count once)."""
+    total, reach = 0.0, -np.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _collectives(comms: Any) -> dict[tuple[int, int], list[tuple[int, float, float]]]:
+    """Each collective, named by (step, bucket), with every rank's (rank, start, end)."""
+    found: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
+    for rank, step, bucket, start, end in zip(comms["rank"], comms["step"], comms["bucket"],
+                                              comms["start"], comms["end"]):
+        found.setdefault((int(step), int(bucket)), []).append(
+            (int(rank), float(start), float(end)))
+    return found
+
+
+def step_times(tel: Any, skip: int = 2) -> dict[int, float]:
+    """Median seconds per step on each rank, leaving out the first `skip` steps (warm-up)."""
+    out = {}
+    for rank in tel.ranks:
+        steps = tel.spans.where(rank=rank, name="step")
+        keep = steps["step"] >= skip
+        if not keep.any():
+            raise ValueError(f"rank {rank} recorded no step after the first {skip}: record "
+                             "more steps with rec.step(step)")
+        out[rank] = float(np.median((steps["end"] - steps["start"])[keep]))
+    return out
+
+
+def step_time(tel: Any, skip: int = 2) -> float:
+    """The job's step time: the slowest rank's median (the ranks wait for it)."""
+    return max(step_times(tel, skip).values())
+
+
+def overlap(tel: Any, skip: int = 2) -> dict[int, tuple[float, float]]:
+    """Per rank, seconds per step (mean over the steps from `skip`) during which an all-reduce
+    was in flight while backward still computed, and during which one was in flight after."""
+    out = {}
+    for rank in tel.ranks:
+        spans, comms = tel.spans.where(rank=rank, name="backward"), tel.comms.where(rank=rank)
+        during = after = 0.0
+        steps = [(st, s, e) for st, s, e in zip(spans["step"], spans["start"], spans["end"])
+                 if st >= skip]
+        for step, start, end in steps:
+            mine = comms.where(step=step)
+            flight = list(zip(mine["start"], mine["end"]))
+            inside = covered([(max(s, start), min(e, end)) for s, e in flight if e > start
+                              and s < end])
+            during += inside
+            after += covered(flight) - inside
+        n = max(1, len(steps))
+        out[rank] = (during / n, after / n)
+    return out
+
+
+def per_step(tel: Any, skip: int = 2) -> dict[int, dict[str, float]]:
+    """time_breakdown(tel, skip) in milliseconds per step, leaving out warm-up steps."""
+    out = {}
+    for rank, seconds in time_breakdown(tel, skip).items():
+        recorded = tel.spans.where(rank=rank, name="step")["step"]
+        steps = max(1, int((recorded >= skip).sum()))
+        out[rank] = {k: v / steps * 1e3 for k, v in seconds.items()}
+    return out
+
+
+def plot_breakdown(runs: dict[str, Any]):
+    """For each run, per rank: milliseconds per step of compute, data loading, communication
+    and waiting for the other ranks, next to the step time (the slowest rank's median)."""
+    from course_lib.plots.style import BLUE, HIGHLIGHT, ORANGE, YELLOW, new_figure
+
+    styles = {"compute": (BLUE, ""), "data": (YELLOW, "xx"), "communication": (ORANGE, "//"),
+              "wait": (HIGHLIGHT, "..")}
+    fig = new_figure(5.2 * len(runs), 0.9 + 0.9 * max(len(t.ranks) for t in runs.values()))
+    axes = np.atleast_1d(fig.subplots(1, len(runs), sharex=True))
+    for ax, (label, tel) in zip(axes, runs.items()):
+        _breakdown_axes(ax, per_step(tel), step_time(tel) * 1e3, styles)
+        ax.set_title(label, fontsize="medium")
+    axes[0].legend(loc="lower right", fontsize="x-small")
+    fig.suptitle("Where each rank's time goes, per step (communication can overlap compute)")
+    return fig
+
+
+def _breakdown_axes(ax: Any, ms: dict[int, dict[str, float]], step_ms: float,
+                    styles: dict[str, tuple[str, str]]) -> None:
+    from course_lib.plots.style import BLACK
+
+    height = 0.8 / len(CATEGORIES)
+    for i, rank in enumerate(ms):
+        for j, name in enumerate(CATEGORIES):
+            color, hatch = styles[name]
+            y = -i - 0.4 + (j + 0.5) * height
+            bar = ax.barh(y, ms[rank][name], height, color=color, hatch=hatch,
+                          edgecolor=BLACK, linewidth=0.5, label=name if i == 0 else None)
+            share = ms[rank][name] / step_ms
+            ax.bar_label(bar, [f"{ms[rank][name]:.0f} ms ({share:.0%})"], fontsize="x-small",
+                         padding=2)
+    ax.axvline(step_ms, color=BLACK, ls="--", lw=1)
+    ax.text(step_ms, 0.55, f" step {step_ms:.0f} ms", fontsize="x-small")
+    ax.set_yticks([-i for i in range(len(ms))], [f"rank {r}" for r in ms])
+    ax.set_ylim(-len(ms) + 0.45, 0.75)
+    ax.set_xlabel("milliseconds per step (share of the step time)")
+    ax.margins(x=0.35)
+
+
+def plot_step_times(times: dict[str, float], title: str):
+    """One bar per run: its step time in milliseconds, labelled with the ratio to the first."""
+    from course_lib.plots.style import BLACK, BLUE, new_figure
+
+    fig = new_figure(8, 0.8 + 0.45 * len(times))
+    ax = fig.subplots()
+    labels, seconds = list(times), np.array(list(times.values()))
+    bars = ax.barh(-np.arange(len(labels)), seconds * 1e3, color=BLUE, edgecolor=BLACK)
+    ax.bar_label(bars, [f"{s * 1e3:.0f} ms ({seconds[0] / s:.2f}x)" for s in seconds],
+                 fontsize="small", padding=3)
+    ax.set_yticks(-np.arange(len(labels)), labels)
+    ax.set_xlabel("median step time, slowest rank (ms); in brackets: speed-up over the first")
+    ax.margins(x=0.25)
+    ax.set_title(title, fontsize="medium")
+    return fig
