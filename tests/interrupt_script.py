@@ -21,10 +21,12 @@ def hang(folder):
 def main(folder, rounds):
     for i in range(rounds):
         try:
-            launch(hang, 2, args=(os.path.join(folder, str(i)),), timeout=120, echo=False)
+            launch(hang, 2, args=(os.path.join(folder, str(i)),), timeout=120, backend="gloo",
+                   echo=False)
         except KeyboardInterrupt:
             print(f"interrupted {i}", flush=True)
-        print("usable", launch(lambda: dist.get_rank(), 2, echo=False).results, flush=True)
+        run = launch(lambda: dist.get_rank(), 2, backend="gloo", echo=False)
+        print("usable", run.results, flush=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ def hang(folder):
     with open(f"{folder}/rank{dist.get_rank()}.pid", "w") as f:
         f.write(str(os.getpid()))
     time.sleep(600)
-launch(hang, 2, args=(FOLDER,), timeout=120)
+launch(hang, 2, args=(FOLDER,), timeout=120, backend="gloo")
 """
 
 
@@ -44,7 +44,7 @@ def test_stop_button_kills_workers_and_the_kernel_stays_usable(tmp_path):
             assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
             time.sleep(0.5)
             assert not alive(pids)
-            content = _run(client, "launch(lambda: 7, 2, echo=False).results")
+            content = _run(client, "launch(lambda: 7, 2, backend='gloo', echo=False).results")
             assert content["status"] == "ok"
     finally:
         client.stop_channels()

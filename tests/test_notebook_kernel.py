@@ -13,15 +13,16 @@ CELLS = [
     "def helper(x):\n    return x * SCALE\n"
     "def work():\n    t = torch.tensor([float(dist.get_rank())])\n    dist.all_reduce(t)\n"
     "    print('sum', t.item())\n    return Box(helper(t.item()))",
-    "run = launch(work, 2)\nprint([b.v for b in run.results], isinstance(run.results[0], Box))",
-    "%%ddp -n 3 --env GREETING=hi --out ddp_run\nimport os\n"
+    "run = launch(work, 2, backend='gloo')\n"
+    "print([b.v for b in run.results], isinstance(run.results[0], Box))",
+    "%%ddp -n 3 --backend gloo --env GREETING=hi --out ddp_run\nimport os\n"
     "x = torch.ones(1) * rank\ndist.all_reduce(x)\nprint(rank, world_size, local_rank, device)\n"
     "(x.item(), helper(1), os.environ['GREETING'])",
     "print(ddp_run.results == _, ddp_run.world_size)",
     "def broken():\n    if dist.get_rank() == 1:\n        raise ValueError('oops from a cell')\n"
-    "    return 1\nlaunch(broken, 2)",
+    "    return 1\nlaunch(broken, 2, backend='gloo')",
     "import threading\nlock = threading.Lock()",
-    "%%ddp\nwith lock:\n    pass",
+    "%%ddp --backend gloo\nwith lock:\n    pass",
 ]
 
 

@@ -1,8 +1,12 @@
 """Bad input fails at once with a message that says what to do."""
 
 import pytest
+import torch
 
 from course_lib import launch
+
+# one rank more than there are GPUs, so that NCCL is refused on any machine
+SHORT_OF_GPUS = torch.cuda.device_count() + 1
 
 
 def ok():
@@ -17,7 +21,7 @@ def ok():
     ({"world_size": 2.0}, TypeError, "must be an int"),
     ({"world_size": True}, TypeError, "must be an int"),
     ({"backend": "mpi"}, ValueError, "backend must be one of"),
-    ({"backend": "nccl"}, ValueError, "needs one GPU per rank"),
+    ({"backend": "nccl", "world_size": SHORT_OF_GPUS}, ValueError, "needs one GPU per rank"),
     ({"timeout": 0}, ValueError, "positive number of seconds"),
     ({"timeout": "10"}, ValueError, "positive number of seconds"),
     ({"args": 3}, TypeError, "args=(x,)"),
