@@ -1,0 +1,148 @@
+"""Lesson 07's check accepts the worked solution and differently written correct answers, and
+rejects plausible wrong answers, each with the hint that names what went wrong."""
+
+from contextlib import nullcontext
+
+import pytest
+import torch.distributed as dist
+from checking import check_helpers
+from torch import nn
+
+from course_lib.checks.lesson07 import check_train_step
+
+NOTEBOOK = "07_gradient_accumulation.ipynb"
+FAST = 20  # seconds a launch: every answer here finishes (or fails) well within it
+
+solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+
+
+def step_first_then_last(model, optimizer, micro_batches):
+    *first, last = micro_batches
+    total = sum(len(x) for x, _ in micro_batches)
+    with model.no_sync():
+        for x, y in first:
+            (nn.functional.mse_loss(model(x), y, reduction="sum") / total).backward()
+    x, y = last
+    (nn.functional.mse_loss(model(x), y, reduction="sum") / total).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=False)
+
+
+def step_weighted_means(model, optimizer, micro_batches):
+    optimizer.zero_grad()
+    total = sum(len(x) for x, _ in micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        sync = i + 1 == len(micro_batches)
+        with nullcontext() if sync else model.no_sync():
+            out = model(x)
+            loss = nn.functional.mse_loss(out, y) * len(x) / total
+        loss.backward()  # backward outside no_sync(): the forward decided
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _step(model, optimizer, micro_batches, *, sync="last", divide="samples", zero_in_loop=False,
+          forward_outside=False, steps="once"):
+    """A step of accumulation with one mistake chosen by keyword."""
+    k, total = len(micro_batches), sum(len(x) for x, _ in micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        last = i == k - 1
+        in_no_sync = {"last": not last, "never": False, "always": True}[sync]
+        output = model(x) if forward_outside else None
+        with model.no_sync() if in_no_sync else nullcontext():
+            output = model(x) if output is None else output
+            if divide == "samples":
+                loss = nn.functional.mse_loss(output, y, reduction="sum") / total
+            elif divide == "k":
+                loss = nn.functional.mse_loss(output, y) / k
+            elif divide == "world":
+                loss = nn.functional.mse_loss(output, y, reduction="sum") / total \
+                    / dist.get_world_size()
+            else:
+                loss = nn.functional.mse_loss(output, y)
+            loss.backward()
+        if zero_in_loop and not last:
+            optimizer.zero_grad()
+        if steps == "every":
+            optimizer.step()
+    if steps != "every":
+        optimizer.step()
+    if steps != "no zero":
+        optimizer.zero_grad()
+
+
+def without_no_sync(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, sync="never")
+
+
+def forward_outside(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, forward_outside=True)
+
+
+def all_in_no_sync(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, sync="always")
+
+
+def not_divided(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, divide="none")
+
+
+def mean_over_k(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, divide="k")
+
+
+def over_world_size(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, divide="world")
+
+
+def zero_in_loop(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, zero_in_loop=True)
+
+
+def step_every_micro_batch(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, steps="every")
+
+
+def never_zeroed(model, optimizer, micro_batches):
+    _step(model, optimizer, micro_batches, steps="no zero")
+
+
+def manual_all_reduce(model, optimizer, micro_batches):
+    total = sum(len(x) for x, _ in micro_batches)
+    with model.no_sync():
+        for x, y in micro_batches:
+            (nn.functional.mse_loss(model(x), y, reduction="sum") / total).backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+        p.grad /= dist.get_world_size()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+@pytest.mark.parametrize("fn", ["solution", step_first_then_last, step_weighted_means])
+def test_train_step_accepts(fn, capsys):
+    fn = solution("train_step") if fn == "solution" else fn
+    accepts(check_train_step, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (without_no_sync, "on 2 ranks with micro-batches of 4, 4 and 4 samples, you made 3 "
+                      "all-reduces per optimizer step (k = 3); with no_sync() around the first "
+                      "2 micro-batches (forward and backward) it is 1"),
+    (forward_outside, "you made 3 all-reduces per optimizer step although you entered "
+                      "no_sync() 2 times: every forward ran outside it"),
+    (all_in_no_sync, "your step made 0 all-reduces: every micro-batch ran inside no_sync()"),
+    (not_divided, "is 3.00 times one process's: you added the 3 micro-batch losses without "
+                  "dividing by k = 3"),
+    (mean_over_k, "on 3 ranks with micro-batches of 4, 4, 4 and 2 samples, rank 0's gradient "
+                  "at step 0 is the mean of the 4 micro-batch means, not the mean over the 14 "
+                  "samples"),
+    (over_world_size, "is 1/2 of one process's: DDP already averages over the ranks"),
+    (zero_in_loop, "is the gradient of the last micro-batch only: zero_grad() inside the "
+                   "micro-batch loop"),
+    (step_every_micro_batch, "train_step() called optimizer.step() 3 times"),
+    (never_zeroed, "p.grad still held a gradient after train_step() returned"),
+    (manual_all_reduce, "you called 4 collective(s) yourself"),
+])
+def test_train_step_rejects(fn, hint, capsys):
+    rejects(check_train_step, fn, hint, capsys)
