@@ -14,11 +14,11 @@ from course_lib.checks.result import CheckResult
 from course_lib.launching import DistributedError, launch
 
 # Seconds one launch of a check may run before its ranks are stopped and the learner gets a
-# hint (a hang never leaves a stuck kernel). Measured on 2 shared cores: the slowest worked
-# solution's launch took 1.8 s (check_to_device and check_rank_summary, which also start the
-# forkserver); a correct read_epochs reading with DataLoader(num_workers=2) took about 5 s per
-# launch on an idle machine and 11-33 s while six other jobs shared the 2 cores. 60 s leaves
-# correct work a 12x margin on an idle slow laptop; a hang costs the learner this long.
+# hint (a hang never leaves a stuck kernel). Measured on 2 cores shared with other jobs (load
+# 7): every worked solution's launch took 0.2-1.8 s (tests/test_check_contract.py prints
+# them); a correct read_epochs reading with DataLoader(num_workers=2) took 1.4-8.9 s a launch
+# (the slowest the first, which starts the forkserver). 60 s leaves correct work a margin of
+# 7x over the slowest; a hang costs the learner this long.
 CHECK_TIMEOUT = 60.0
 # The world sizes a check runs at by default: two at least, one of them 3 or 4, so that an
 # answer right at one size only ("the other rank" as 1 - rank, a hard-coded 2) is caught.
