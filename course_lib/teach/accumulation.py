@@ -46,7 +46,12 @@ def slow_link(link: "SlowLink | None",
     if link is not None:
         time.sleep(link.seconds(tensor.numel() * tensor.element_size()))
     tensor.div_(dist.get_world_size())
-    return dist.all_reduce(tensor, async_op=True).get_future()
+    return dist.all_reduce(tensor, async_op=True).get_future().then(_reduced)
+
+
+def _reduced(fut: torch.futures.Future) -> torch.Tensor:
+    """The bucket a comm hook's Future must hold (the all-reduce's holds a list of it)."""
+    return fut.value()[0]
 
 
 def sync_cost(tel: Any, rank: int | None = None) -> dict[str, float]:
