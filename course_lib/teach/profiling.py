@@ -37,7 +37,7 @@ def time_breakdown(tel: Any, skip: int = 0) -> dict[int, dict[str, float]]:
                      "wait": 0.0}
     inside: dict[int, list] = {r: [] for r in tel.ranks}
     waiting: dict[int, list] = {r: [] for r in tel.ranks}
-    for (step, _bucket), rows in _collectives(tel.comms).items():
+    for (step, _bucket), rows in collectives(tel.comms).items():
         if step < skip:
             continue
         last = max(start for _, start, _ in rows)  # the moment the last rank called it
@@ -61,7 +61,7 @@ def covered(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _collectives(comms: Any) -> dict[tuple[int, int], list[tuple[int, float, float]]]:
+def collectives(comms: Any) -> dict[tuple[int, int], list[tuple[int, float, float]]]:
     """Each collective, named by (step, bucket), with every rank's (rank, start, end)."""
     found: dict[tuple[int, int], list[tuple[int, float, float]]] = {}
     for rank, step, bucket, start, end in zip(comms["rank"], comms["step"], comms["bucket"],
