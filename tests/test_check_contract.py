@@ -210,3 +210,82 @@ def test_runs_at_two_world_sizes_one_of_them_3_or_4(case, capsys):
         f"{case.check} ran only at world sizes {sorted(sizes)}: an answer right at one size "
         "only would pass. Run it at two sizes at least, one of them 3 or 4 "
         "(common.at_world_sizes).")
+
+
+# -- the shared base: failures as fields, world sizes, comparisons ----------------------------
+
+def _call(fn):
+    return fn()
+
+
+def _crash_on_rank_1():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ZeroDivisionError("division by zero")
+    return 0
+
+
+def _hang_on_rank_1():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        time.sleep(60)
+    return 0
+
+
+def test_a_crash_is_rejected_with_its_failure_as_fields():
+    with pytest.raises(common.Rejected) as caught:
+        common.on_ranks(_call, _crash_on_rank_1, 2)
+    failure = caught.value.failure
+    assert (failure.rank, failure.error_type, failure.world_size) == (1, "ZeroDivisionError", 2)
+    assert failure.message == "division by zero" and failure.function == "_crash_on_rank_1"
+    assert not failure.timed_out and not failure.consequence
+    assert failure.shows("division by zero") == 1 and failure.shows("no such text") is None
+    assert "root cause, rank 1: ZeroDivisionError" in str(caught.value)
+
+
+def test_a_time_limit_hit_is_a_field_and_the_hint_says_the_limit():
+    with pytest.raises(common.Rejected) as caught:
+        common.on_ranks(_call, _hang_on_rank_1, 2, timeout=2)
+    failure = caught.value.failure
+    assert failure.timed_out and failure.limit == 2 and failure.rank == 1
+    assert failure.kind == "timeout" and failure.consequence
+    assert "did not finish within 2 s" in str(caught.value)
+    assert "the check stops the ranks after 2 s" in str(caught.value)
+
+
+def test_a_known_fragment_of_pytorchs_error_chooses_the_hint():
+    with pytest.raises(common.Rejected) as caught:
+        common.on_ranks(_call, _crash_on_rank_1, 2, known=[("division by", "do not divide")])
+    assert str(caught.value).startswith("do not divide\n")
+    assert caught.value.failure.error_type == "ZeroDivisionError"
+
+
+@pytest.mark.parametrize("sizes", [(2,), (3,), (2, 2), (2, 5)])
+def test_world_sizes_that_would_let_a_size_specific_answer_pass_are_refused(sizes):
+    with pytest.raises(ValueError, match="two sizes at least, one of them 3 or 4"):
+        next(common.at_world_sizes(_call, _crash_on_rank_1, sizes))
+
+
+def test_comparisons_use_one_tolerance():
+    want = torch.tensor([1.0, 0.0, 1000.0])
+    assert common.same(want + torch.tensor([1e-5, 5e-7, 0.05]), want)
+    assert not common.same(want + torch.tensor([0.0, 1e-5, 0.0]), want)
+    assert not common.same(want[:2], want) and not common.same([1.0, 0.0, 1000.0], want)
+    assert common.differing({"a": want, "b": None}, {"a": want, "b": want, "c": want}) == \
+        ["b", "c"]
+    assert common.close(1.00005, 1.0) and not common.close(1.001, 1.0)
+
+
+def test_a_state_snapshot_is_a_detached_copy():
+    model = torch.nn.Linear(2, 1)
+    state = common.state_snapshot(model)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    assert not torch.equal(state["weight"], model.weight) and not state["weight"].requires_grad
+
+
+def test_listing_reads_as_a_sentence():
+    assert [common.listing(x) for x in ([2], [2, 3], [2, 3, 4])] == ["2", "2 and 3",
+                                                                     "2, 3 and 4"]
