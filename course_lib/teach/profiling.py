@@ -120,9 +120,10 @@ def per_step(tel: Any, skip: int = 2) -> dict[int, dict[str, float]]:
     return out
 
 
-def plot_breakdown(runs: dict[str, Any]):
+def plot_breakdown(runs: dict[str, Any], skip: int = 2):
     """For each run, per rank: milliseconds per step of compute, data loading, communication
-    and waiting for the other ranks, next to the step time (the slowest rank's median)."""
+    and waiting for the other ranks, next to the step time (the slowest rank's median), over
+    the steps from `skip` (the first ones warm up)."""
     from course_lib.plots.style import BLUE, HIGHLIGHT, ORANGE, YELLOW, new_figure
 
     styles = {"compute": (BLUE, ""), "data": (YELLOW, "xx"), "communication": (ORANGE, "//"),
@@ -130,9 +131,10 @@ def plot_breakdown(runs: dict[str, Any]):
     fig = new_figure(5.2 * len(runs), 0.9 + 0.9 * max(len(t.ranks) for t in runs.values()))
     axes = np.atleast_1d(fig.subplots(1, len(runs), sharex=True))
     for ax, (label, tel) in zip(axes, runs.items()):
-        _breakdown_axes(ax, per_step(tel), step_time(tel) * 1e3, styles)
+        _breakdown_axes(ax, per_step(tel, skip), step_time(tel, skip) * 1e3, styles)
         ax.set_title(label, fontsize="medium")
-    axes[0].legend(loc="lower right", fontsize="x-small")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper",
+               fontsize="small")
     fig.suptitle("Where each rank's time goes, per step (communication can overlap compute)")
     return fig
 
@@ -145,7 +147,7 @@ def _breakdown_axes(ax: Any, ms: dict[int, dict[str, float]], step_ms: float,
     for i, rank in enumerate(ms):
         for j, name in enumerate(CATEGORIES):
             color, hatch = styles[name]
-            y = -i - 0.4 + (j + 0.5) * height
+            y = -i + 0.4 - (j + 0.5) * height  # compute on top, wait at the bottom
             bar = ax.barh(y, ms[rank][name], height, color=color, hatch=hatch,
                           edgecolor=BLACK, linewidth=0.5, label=name if i == 0 else None)
             share = ms[rank][name] / step_ms
