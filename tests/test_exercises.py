@@ -106,6 +106,14 @@ def test_build_and_check_report_stale_missing_and_orphaned_files(tmp_path, capsy
     assert exercises_main(["build", "--check", *args]) == 0
 
 
+def test_a_solutions_notebook_without_a_lesson_number_is_refused(tmp_path, capsys):
+    (tmp_path / "solutions").mkdir()
+    nbformat.write(solutions_notebook(), tmp_path / "solutions" / "demo.ipynb")
+    args = ["--solutions", str(tmp_path / "solutions"), "--exercises", str(tmp_path / "ex")]
+    assert exercises_main(["build", *args]) == 2
+    assert "demo.ipynb: name a solutions notebook after its lesson" in capsys.readouterr().err
+
+
 def test_committed_exercises_are_up_to_date(capsys):
     args = ["--solutions", str(ROOT / "solutions"), "--exercises", str(ROOT / "exercises")]
     assert exercises_main(["build", "--check", *args]) == 0, capsys.readouterr().out

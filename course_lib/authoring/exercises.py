@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -10,11 +11,17 @@ import nbformat
 
 from course_lib.authoring.stubs import MarkerError, exercise_notebook
 
+LESSON = re.compile(r"^[0-9]{2}_\w+\.ipynb$")  # 03_data_sharding.ipynb
+
 
 def expected(solutions: Path) -> dict[str, str]:
     """Exercise file name -> the text it must have, for every solutions notebook."""
+    misnamed = [p.name for p in sorted(solutions.glob("*.ipynb")) if not LESSON.match(p.name)]
+    if misnamed:  # the gate would judge them, but no exercise would ever be built
+        raise MarkerError(f"{solutions}: {', '.join(misnamed)}: name a solutions notebook "
+                          "after its lesson, NN_short_name.ipynb")
     texts = {}
-    for path in sorted(solutions.glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(solutions.glob("*.ipynb")):
         try:
             nb = exercise_notebook(nbformat.read(path, as_version=4))
         except MarkerError as exc:
