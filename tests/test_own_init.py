@@ -118,3 +118,23 @@ def test_asking_for_the_launch_backend_again_after_destroy_starts_a_new_group():
         return t.item()
 
     assert launch(twice, 2, backend="gloo", echo=False).results == [2.0, 2.0]
+
+
+def _loader_start_method():
+    import multiprocessing
+
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(list(range(8)), batch_size=4, num_workers=2)
+    batches = [b.tolist() for b in loader]
+    return multiprocessing.get_start_method(), batches
+
+
+def test_dataloader_workers_start_as_under_torchrun():
+    """A rank's DataLoader workers use the platform's default start method (fork on Linux),
+    not the launcher's forkserver, which would import torch again for every loader."""
+    import multiprocessing
+
+    default = multiprocessing.get_context().get_start_method()
+    run = launch(_loader_start_method, 2, backend="gloo", echo=False)
+    assert run.results == [(default, [[0, 1, 2, 3], [4, 5, 6, 7]])] * 2

@@ -1,9 +1,12 @@
 """Let code that sets up its own process group run unchanged on the launch's ranks.
 
 PyTorch's tutorials and every torchrun script call `dist.init_process_group(...)` themselves
-(often after setting MASTER_ADDR and MASTER_PORT). Under `launch` the ranks have already met
-on a private, loopback-only rendezvous, so inside a rank that call keeps this group, or
-re-creates it with the backend the code asks for, and says once (on rank 0) what it did.
+(often after setting MASTER_ADDR and MASTER_PORT), and `destroy_process_group()` at the end.
+Under `launch` the ranks have already met on a private, loopback-only rendezvous, so inside
+a rank the first call keeps this group, or re-creates it with the backend the code asks for,
+and says once (on rank 0) what it did. The second leaves the default group's end to the
+launcher, which frees DDP objects first: the tutorial's order (destroy, then its DDP model
+goes out of scope) hangs or aborts a gloo rank now and then (docs/facts.md).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 real_init_process_group = c10d.init_process_group
+real_destroy_process_group = c10d.destroy_process_group
 
 
 class _LaunchGroup:
@@ -35,6 +39,7 @@ def install(store: dist.Store, rank: int, world_size: int, timeout: float) -> No
     global _group
     _group = _LaunchGroup(store, rank, world_size, timeout)
     dist.init_process_group = c10d.init_process_group = init_process_group
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
 
 
 def init_process_group(backend: Any = None, init_method: str | None = None,
@@ -55,13 +60,21 @@ def init_process_group(backend: Any = None, init_method: str | None = None,
             f"{_group.world_size} ranks, {torch.cuda.device_count()} GPU(s) here. On the CPU, "
             'use dist.init_process_group("gloo") (or no backend argument).')
     if dist.is_initialized():
-        dist.destroy_process_group()
+        real_destroy_process_group()
     _group.inits += 1
     real_init_process_group(wanted, store=dist.PrefixStore(f"own_init{_group.inits}", _group.store),
                rank=_group.rank, world_size=_group.world_size,
                timeout=timeout or _group.timeout, **options)
     _note(f"started a {dist.get_backend()} process group on the launch's ranks; your "
           "MASTER_ADDR, MASTER_PORT and init_method are not used")
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """dist.destroy_process_group as seen inside a launch: a group the code made itself goes
+    at once; the default group stays until the rank's end, when the launcher frees DDP
+    objects and then destroys it."""
+    if group is not None and group is not dist.group.WORLD:
+        real_destroy_process_group(group)
 
 
 def _check(name: str, asked: int, launched: int) -> None:

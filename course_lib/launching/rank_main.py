@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import faulthandler
 import gc
+import multiprocessing
 import os
 import shutil
 import signal
@@ -62,6 +63,10 @@ def run_worker(
     dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import time
     torch.set_num_threads(spec.threads)
     _fresh_random_state()
+    # A forkserver child inherits "forkserver" as its start method, so every DataLoader
+    # with workers would start a forkserver of its own and import torch again (seconds per
+    # epoch). Back to the platform's default, as in a process that torchrun starts.
+    multiprocessing.set_start_method(None, force=True)
     messages.send(("started", os.getpid()))
     code = _run(spec, payload, messages)
     _release_distributed()
@@ -136,8 +141,10 @@ def _send_error(messages: Connection, exc: BaseException, extras: bytes | None =
 
 
 def _init_process_group(spec: WorkerSpec) -> None:
-    if spec.backend == "nccl":
-        torch.cuda.set_device(spec.rank)
+    device = None
+    if spec.backend == "nccl":  # the device first, then the group bound to it (lesson 02)
+        device = torch.device("cuda", spec.rank)
+        torch.cuda.set_device(device)
     store = dist.FileStore(spec.store_path, spec.world_size)
     own_init.install(store, spec.rank, spec.world_size, spec.pg_timeout)
     own_init.real_init_process_group(
@@ -146,6 +153,7 @@ def _init_process_group(spec: WorkerSpec) -> None:
         rank=spec.rank,
         world_size=spec.world_size,
         timeout=timedelta(seconds=spec.pg_timeout),
+        device_id=device,
     )
     # gloo can let a fast rank out of its connection handshake before a slow peer has
     # finished it; were the fast rank to finish and exit, the peer's init would fail with
@@ -165,7 +173,7 @@ def _release_distributed() -> None:
     try:
         gc.collect()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            own_init.real_destroy_process_group()
         gc.collect()
     except Exception:  # noqa: BLE001 - the rank's outcome is already reported
         pass
