@@ -54,7 +54,13 @@ def forkserver_context() -> Any:
 
 def warm_up() -> None:
     """Start the forkserver now, in a background thread, and mark it ready once it has
-    forked a first (empty) process, which it can do only after its imports."""
+    forked a first (empty) process, which it can do only after its imports. Not in a
+    multiprocessing child nor a rank (RANK set, as by torchrun), where no launch follows."""
+    if mp.parent_process() is None and "RANK" not in os.environ:
+        _start_warming()
+
+
+def _start_warming() -> None:
     global _warming
     if _warming is None:
         _warming = threading.Thread(target=_fork_one, name="course_lib-warm-up", daemon=True)
@@ -63,7 +69,7 @@ def warm_up() -> None:
 
 def wait_until_ready(echo: bool) -> None:
     """Block until the forkserver is ready; say so once if that takes a while."""
-    warm_up()
+    _start_warming()
     if not _ready.wait(WAIT_QUIETLY_S):
         if echo:
             print("starting workers (first launch only)...", file=sys.stdout, flush=True)

@@ -60,7 +60,7 @@ def capture_namespace(source: str, user_ns: dict[str, Any]) -> dict[str, Any]:
         value = user_ns[name]
         try:
             cloudpickle.dumps(value)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any pickling failure gets the same advice
             raise UnpicklableError(
                 f"the cell uses {name!r} (a {type(value).__name__}), which cannot be sent to "
                 f"the worker processes: {exc}. Create it inside the %%ddp cell instead."

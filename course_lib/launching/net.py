@@ -16,7 +16,7 @@ def loopback_interface() -> str:
 
 
 def loopback_env() -> dict[str, str]:
-    """Environment that binds gloo's and NCCL's sockets to loopback (FACTS.md)."""
+    """Environment that binds gloo's and NCCL's sockets to loopback (docs/facts.md)."""
     iface = loopback_interface()
     return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
 

@@ -31,7 +31,7 @@ def find_culprit(fn: Callable, args: tuple, kwargs: dict) -> str:
     for name, value in _candidates(fn, args, kwargs):
         try:
             cloudpickle.dumps(value)
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - any pickling failure: name what failed
             return f"{name} (a {type(value).__name__})"
     return f"the function {getattr(fn, '__name__', fn)!r}"
 

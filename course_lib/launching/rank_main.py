@@ -164,7 +164,7 @@ def _init_process_group(spec: WorkerSpec) -> None:
 def _release_distributed() -> None:
     """Free DDP objects (held in reference cycles) before the process group goes.
 
-    Without this, gloo aborts at exit on a random rank in about 1 run in 5 (FACTS.md).
+    Without this, gloo aborts at exit on a random rank in about 1 run in 5 (docs/facts.md).
     A watchdog ends the process if tearing down hangs on a broken group.
     """
     timer = threading.Timer(3.0, os._exit, args=(1,))
