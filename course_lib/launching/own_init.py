@@ -4,9 +4,10 @@ PyTorch's tutorials and every torchrun script call `dist.init_process_group(...)
 (often after setting MASTER_ADDR and MASTER_PORT), and `destroy_process_group()` at the end.
 Under `launch` the ranks have already met on a private, loopback-only rendezvous, so inside
 a rank the first call keeps this group, or re-creates it with the backend the code asks for,
-and says once (on rank 0) what it did. The second leaves the default group's end to the
-launcher, which frees DDP objects first: the tutorial's order (destroy, then its DDP model
-goes out of scope) hangs or aborts a gloo rank now and then (docs/facts.md).
+and says once (on rank 0) what it did. The second leaves the default group to the rank's
+end, where the launcher exits without running destructors: the tutorial's order (destroy,
+then its DDP model goes out of scope) hung 3 of 6 launches and aborts gloo ranks under
+mp.spawn now and then (docs/facts.md).
 """
 
 from __future__ import annotations
@@ -71,8 +72,7 @@ def init_process_group(backend: Any = None, init_method: str | None = None,
 
 def destroy_process_group(group: Any = None) -> None:
     """dist.destroy_process_group as seen inside a launch: a group the code made itself goes
-    at once; the default group stays until the rank's end, when the launcher frees DDP
-    objects and then destroys it."""
+    at once; the default group stays until the rank ends (see the module's docstring)."""
     if group is not None and group is not dist.group.WORLD:
         real_destroy_process_group(group)
 
