@@ -23,6 +23,7 @@ CELLS = [
     "    return 1\nlaunch(broken, 2, backend='gloo')",
     "import threading\nlock = threading.Lock()",
     "%%ddp --backend gloo\nwith lock:\n    pass",
+    "import course_lib.launching.forkserver as fs\nprint('warmed up by', fs._warming.name)",
 ]
 
 
@@ -65,3 +66,7 @@ def test_magic_explains_a_name_it_cannot_send(executed):
     error = next(o for o in executed[7].outputs if o.output_type == "error")
     assert error["ename"] == "UnpicklableError"
     assert "'lock'" in error["evalue"] and "inside the %%ddp cell" in error["evalue"]
+
+
+def test_importing_launch_in_a_kernel_warms_the_forkserver_up(executed):
+    assert "warmed up by course_lib-warm-up" in _text(executed[8])

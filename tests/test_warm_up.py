@@ -19,6 +19,7 @@ SCRIPT = textwrap.dedent("""
 
 SPAWNED = textwrap.dedent("""
     import multiprocessing as mp
+    from course_lib import launch  # noqa: F401 - a spawned child imports this again
     def child():
         import course_lib.launching.forkserver as fs
         from course_lib import launch  # noqa: F401 - the import alone must start nothing
@@ -49,4 +50,5 @@ def test_import_starts_the_forkserver_and_the_first_launch_says_so_at_most_once(
 def test_a_multiprocessing_child_that_imports_launch_starts_nothing(tmp_path):
     out = _python(SPAWNED, tmp_path)
     assert "child warming: None" in out.stdout and "exit 0" in out.stdout, out.stderr
+    assert "course_lib-warm-up" not in out.stderr
     assert "Traceback" not in out.stderr

@@ -55,8 +55,11 @@ def forkserver_context() -> Any:
 def warm_up() -> None:
     """Start the forkserver now, in a background thread, and mark it ready once it has
     forked a first (empty) process, which it can do only after its imports. Not in a
-    multiprocessing child nor a rank (RANK set, as by torchrun), where no launch follows."""
-    if mp.parent_process() is None and "RANK" not in os.environ:
+    multiprocessing child (nor while one imports its parent's main module as __mp_main__)
+    nor a rank (RANK set, as by torchrun), where no launch follows."""
+    importing_as_child = sys.modules.get("__mp_main__") is not sys.modules.get("__main__")
+    in_child = mp.parent_process() is not None or importing_as_child
+    if not in_child and "RANK" not in os.environ:
         _start_warming()
 
 
@@ -83,7 +86,9 @@ def _fork_one() -> None:
         process.start()
         process.join()
         process.close()
-    finally:  # a broken forkserver shows its error at the launch that needs it
+    except Exception:  # noqa: BLE001 - a broken forkserver shows its error at the launch
+        pass
+    finally:
         _ready.set()
 
 
@@ -100,19 +105,27 @@ class _Popen(popen_forkserver.Popen):
     """
 
     def _launch(self, process_obj: Any) -> None:
-        original = spawn.get_preparation_data
-
-        def without_main(name: str) -> dict:
-            data = original(name)
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-            return data
-
-        spawn.get_preparation_data = without_main
+        _without_main.on = True  # for this thread only: the warm-up runs beside the kernel
         try:
             super()._launch(process_obj)
         finally:
-            spawn.get_preparation_data = original
+            _without_main.on = False
+
+
+_without_main = threading.local()
+_preparation_data = spawn.get_preparation_data
+
+
+def _preparation_data_for_thread(name: str) -> dict:
+    """multiprocessing's preparation data, less the main module for our own starts."""
+    data = _preparation_data(name)
+    if getattr(_without_main, "on", False):
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+    return data
+
+
+spawn.get_preparation_data = _preparation_data_for_thread  # other callers: unchanged
 
 
 class _Process(context.ForkServerProcess):

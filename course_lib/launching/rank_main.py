@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.collectors import collect_all
-from course_lib.launching import own_init
+from course_lib.launching import flight, own_init
 
 LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,6 +41,7 @@ class WorkerSpec:
     env: dict[str, str]
     store_path: str
     stack_path: str
+    flight_path: str = ""  # where the flight recorder is dumped; "" when it is off
 
 
 def run_worker(
@@ -56,6 +57,8 @@ def run_worker(
     os.setpgrp()  # own process group: the kernel kills us with our DataLoader children
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts
     _redirect_output(stdout_w, stderr_w)
+    if spec.flight_path:  # before any thread starts (see flight.watch)
+        flight.watch(spec.flight_path)
     _exit_when_kernel_dies(alive_r, os.path.dirname(spec.store_path))
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -69,6 +72,8 @@ def run_worker(
     multiprocessing.set_start_method(None, force=True)
     messages.send(("started", os.getpid()))
     code = _run(spec, payload, messages)
+    if spec.flight_path:  # returned or raised: what it issued, for the desync report
+        flight.dump(spec.flight_path)
     sys.stdout.flush()
     sys.stderr.flush()
     # No destroy_process_group(): os._exit runs no C++ destructor, so the gloo abort at exit
