@@ -12,6 +12,7 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.authoring import readme_blocks
 from course_lib.authoring.cell_schema import PitfallCell, read_cells
 from course_lib.authoring.gate import notebook_paths
 from course_lib.authoring.pitfalls import PITFALLS, SAME_AS
@@ -59,11 +60,7 @@ def table(covered: dict[str, list[str]]) -> str:
 
 def replace_block(text: str, block: str) -> str:
     """README text with the coverage block replaced; ValueError when the markers are missing."""
-    head, start, rest = text.partition(START)
-    _, end, tail = rest.partition(END)
-    if not start or not end:
-        raise ValueError(f"README.md needs the lines {START} and {END} where the table goes")
-    return f"{head}{START}\n{block}\n{END}{tail}"
+    return readme_blocks.replace_block(text, block, START, END)
 
 
 def report(paths: list[Path], write_readme: bool, readme: Path = Path("README.md")) -> int:

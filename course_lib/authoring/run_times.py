@@ -17,6 +17,8 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.authoring.readme_blocks import replace_block
+
 FOLDERS = ("notebooks", "solutions", "exercises")
 TIMES = Path("docs/run_times.json")
 START, END = "<!-- run-times:start -->", "<!-- run-times:end -->"
@@ -64,20 +66,12 @@ def _round(seconds: float) -> int:
     return max(5, int(round(seconds / 5.0)) * 5)
 
 
-def replace_block(text: str, block: str) -> str:
-    head, start, rest = text.partition(START)
-    _, end, tail = rest.partition(END)
-    if not start or not end:
-        raise ValueError(f"README.md needs the lines {START} and {END} where the table goes")
-    return f"{head}{START}\n{block}\n{END}{tail}"
-
-
 def write(times: dict[str, float], root: Path = Path(".")) -> None:
     """Store the times, and write them into README.md and every lesson's opening cell."""
     (root / TIMES).parent.mkdir(exist_ok=True)
     (root / TIMES).write_text(json.dumps(times, indent=1, sort_keys=True) + "\n")
     readme = root / "README.md"
-    readme.write_text(replace_block(readme.read_text(), table(times)))
+    readme.write_text(replace_block(readme.read_text(), table(times), START, END))
     for name, seconds in times.items():
         if name.startswith("notebooks/"):
             set_header(root / name, seconds)
