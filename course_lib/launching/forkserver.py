@@ -20,6 +20,7 @@ from multiprocessing import context, popen_forkserver, spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
+from course_lib.launching import flight
 from course_lib.launching.rank_main import WorkerSpec, run_worker
 
 # What the forkserver imports once, so that no rank imports it again. The rank's own code,
@@ -201,18 +202,24 @@ def reap(worker: Worker, timeout: float = 3.0) -> None:
 
 
 def dump_stacks(workers: list[Worker], wait: float = 1.0) -> None:
-    """Ask running ranks for their Python stacks (faulthandler on SIGUSR1) and keep them."""
-    sizes = {}
+    """Ask running ranks for their Python stacks (faulthandler on SIGUSR1) and their
+    flight recorders (SIGUSR2, where it is on), and keep the stacks."""
+    sizes, stamps = {}, {}
     for w in workers:
         sizes[w.rank] = _size(w.spec.stack_path)
-        try:
-            os.kill(w.process.pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+        stamps[w.rank] = _stamp(w.spec.flight_path)
+        signals = [signal.SIGUSR1] + ([flight.DUMP_SIGNAL] if w.spec.flight_path else [])
+        for sig in signals:
+            try:
+                os.kill(w.process.pid, sig)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        if all(_size(w.spec.stack_path) > sizes[w.rank] for w in workers):
+        if all(_size(w.spec.stack_path) > sizes[w.rank] and (
+                not w.spec.flight_path or _stamp(w.spec.flight_path) != stamps[w.rank])
+               for w in workers):
             time.sleep(0.05)  # let the last thread's lines land
             break
     for w in workers:
@@ -222,6 +229,15 @@ def dump_stacks(workers: list[Worker], wait: float = 1.0) -> None:
                 w.stack = f.read()
         except FileNotFoundError:  # stopped before its Python code began
             w.stack = "(no stack: the rank was still starting up)"
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    """A file's identity and change time (a new dump replaces the file), None if absent."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns)
 
 
 def _size(path: str) -> int:

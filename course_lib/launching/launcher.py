@@ -16,7 +16,7 @@ from typing import Any
 
 import cloudpickle
 
-from course_lib.launching import net
+from course_lib.launching import desync, flight, net
 from course_lib.launching.forkserver import (
     Worker,
     dump_stacks,
@@ -31,6 +31,7 @@ from course_lib.launching.report import (
     DistributedError,
     RankFailure,
     annotate_stack,
+    is_collective_error,
     root_cause_first,
 )
 from course_lib.launching.run import LogLine, Run
@@ -39,6 +40,9 @@ from course_lib.launching.validate import check_launch_args, check_seconds, choo
 # After one rank fails, the others get this long to report their own errors
 # (a peer's "Connection closed" arrives within milliseconds) before they are stopped.
 FAILURE_GRACE_S = 1.5
+# The flight recorder for the desync report: on by default only if it costs a small DDP
+# step <= 2% (benchmarks/flight_recorder.py).
+DESYNC_REPORT_DEFAULT = True
 OUTPUT_TAIL_LINES = 8
 
 
@@ -53,6 +57,7 @@ def launch(
     *,
     pg_timeout: float | None = None,
     echo: bool = True,
+    desync_report: bool = DESYNC_REPORT_DEFAULT,
 ) -> Run:
     """Run fn(*args, **kwargs) on `world_size` ranks and return their results in a Run.
 
@@ -62,6 +67,8 @@ def launch(
     Any failure, or `timeout` seconds passing, raises one DistributedError naming every
     failing rank. `pg_timeout` is the process group's collective timeout (default: 30 s,
     or less when `timeout` is shorter). `env` may set OMP_NUM_THREADS (default 1).
+    `desync_report` records every rank's collectives with PyTorch's flight recorder, so
+    that a failed launch's error shows them side by side, the first difference marked.
     """
     args, kwargs, env = check_launch_args(fn, world_size, args, kwargs, timeout, env)
     backend = choose_backend(backend, world_size)
@@ -70,6 +77,8 @@ def launch(
         pg_timeout = max(1.0, min(30.0, timeout - 1.0))
     check_seconds("pg_timeout", pg_timeout)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(net.free_loopback_port()), **env}
+    if desync_report:
+        env.setdefault("TORCH_FR_BUFFER_SIZE", flight.BUFFER_SIZE)
     with tempfile.TemporaryDirectory(prefix="course_lib-") as tmp:
         specs = [_spec(r, world_size, backend, pg_timeout, env, tmp) for r in range(world_size)]
         return _Launch(specs, payload, timeout, echo).run()
@@ -86,6 +95,7 @@ def _spec(rank: int, world_size: int, backend: str, pg_timeout: float,
         rank=rank, world_size=world_size, backend=backend, pg_timeout=pg_timeout,
         threads=int(torchrun_env["OMP_NUM_THREADS"]), env=torchrun_env,
         store_path=os.path.join(tmp, "store"), stack_path=os.path.join(tmp, f"stack{rank}"),
+        flight_path=os.path.join(tmp, f"flight{rank}") if env.get("TORCH_FR_BUFFER_SIZE") else "",
     )
 
 
@@ -221,7 +231,8 @@ class _Launch:
             run.extras.append(cloudpickle.loads(extras) if extras else {})
             run.timings.append(w.timings)
         if failures:
-            err = DistributedError(self._headline(failures), failures, self.timed_out)
+            err = DistributedError(self._headline(failures), failures, self.timed_out,
+                                   self._desync(failures))
             err.run = run
             raise err
         return run
@@ -248,15 +259,59 @@ class _Launch:
             return None  # it returned; a crash while tearing down is not the learner's bug
         return _exit_failure(w.exitcode, common)
 
+    def _desync(self, failures: list[RankFailure]) -> desync.DesyncReport | None:
+        """The ranks' flight-recorder dumps lined up (None when the recorder was off)."""
+        if not self.specs[0].flight_path:
+            return None
+        by_rank = {f.rank: f for f in failures}
+        traces = []
+        for w in self.workers:
+            dump = desync.load(w.spec.flight_path)
+            calls = desync.calls_from(dump) if dump else []
+            failure = by_rank.get(w.rank)
+            traces.append(desync.RankTrace(w.rank, calls, _ended(failure),
+                                           _inside(failure, calls), dumped=dump is not None))
+        return desync.build(traces)
+
     def _headline(self, failures: list[RankFailure]) -> str:
         n = len(self.specs)
         hung = [f.rank for f in failures if f.kind == "timeout"]
         if hung:
             return (f"Timed out after {self.timeout:g} s with rank(s) {_ranks(hung)} still running "
-                    f"(world_size={n}). Each rank's Python stack (all threads) is shown below.")
+                    f"(world_size={n}). Each rank's Python stack (all threads) is shown below."
+                    f"{self._returned_note(failures)}")
         first = root_cause_first(failures)[0]
         return (f"{len(failures)} of {n} rank(s) failed. First failure: rank {first.rank}, "
-                f"{first.summary}")
+                f"{first.summary}{self._returned_note(failures)}")
+
+    def _returned_note(self, failures: list[RankFailure]) -> str:
+        """Name the ranks that returned while others failed: a rank that leaves early makes
+        its peers fail, and no error of theirs names it."""
+        failed = {f.rank for f in failures}
+        returned = [w.rank for w in self.workers if w.rank not in failed and w.result]
+        if not returned:
+            return ""
+        return (f"\nRank(s) {_ranks(returned)} returned normally while the others had not "
+                "finished: if a rank left early, its peers fail waiting for it.")
+
+
+def _ended(failure: RankFailure | None) -> str:
+    """How a rank ended, in a few words for the desync report."""
+    if failure is None:
+        return "returned"
+    return {"exception": f"raised {failure.error_type}", "timeout": "still running",
+            "stopped": "still running", "exit": "exited",
+            "signal": f"killed by {failure.error_type}"}.get(failure.kind, failure.summary)
+
+
+def _inside(failure: RankFailure | None, calls: list[desync.Call]) -> bool:
+    """Whether the rank was blocked in its last collective when it ended: still running
+    with that collective not completed, or failed with a collective's error."""
+    if failure is None or not calls:
+        return False
+    if failure.kind in ("timeout", "stopped"):
+        return not calls[-1].completed
+    return failure.kind == "exception" and is_collective_error(failure.message)
 
 
 def _failed(w: Worker) -> bool:

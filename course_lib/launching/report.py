@@ -8,6 +8,7 @@ import os
 import re
 import sysconfig
 from dataclasses import dataclass, field
+from typing import Any
 
 # Errors that are a consequence of another rank failing, not a cause.
 _CONSEQUENCE = re.compile(
@@ -15,6 +16,14 @@ _CONSEQUENCE = re.compile(
     r"Socket Timeout|ProcessGroup.*(aborted|destroyed)|NCCL communicator was aborted",
     re.IGNORECASE,
 )
+# A collective's own failure (a peer gone, a timeout, gloo's size check).
+_COLLECTIVE = re.compile(_CONSEQUENCE.pattern + r"|gloo|pair closure|"
+                         r"Detected mismatch between collectives", re.IGNORECASE)
+
+
+def is_collective_error(message: str) -> bool:
+    """True when an error message comes from inside a collective."""
+    return bool(_COLLECTIVE.search(message))
 
 
 @dataclass
@@ -55,14 +64,18 @@ class RankFailure:
 
 class DistributedError(RuntimeError):
     """A launch failed on one or more ranks; `.failures` holds one RankFailure per rank,
-    root cause first, and `.run` what the ranks printed and sent back before failing."""
+    root cause first, `.run` what the ranks printed and sent back before failing, and
+    `.desync` the ranks' collectives side by side (a launching.desync.DesyncReport, or
+    None when the flight recorder was off)."""
 
-    def __init__(self, headline: str, failures: list[RankFailure], timed_out: bool = False):
+    def __init__(self, headline: str, failures: list[RankFailure], timed_out: bool = False,
+                 desync: Any = None):
         self.failures = root_cause_first(failures)
         self.timed_out = timed_out
         self.headline = headline
+        self.desync = desync
         self.run = None  # set by launch()
-        super().__init__(format_report(headline, self.failures))
+        super().__init__(format_report(headline, self.failures, desync))
 
     @property
     def ranks(self) -> list[int]:
@@ -75,8 +88,8 @@ def root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
     return sorted(failures, key=lambda f: (f.blame, f.time, f.rank))
 
 
-def format_report(headline: str, failures: list[RankFailure]) -> str:
-    parts = [headline]
+def format_report(headline: str, failures: list[RankFailure], desync: Any = None) -> str:
+    parts = [headline] if desync is None else [headline, desync.table()]
     for failure in failures:
         parts.append(_format_failure(failure))
     return "\n\n".join(parts)

@@ -1,0 +1,185 @@
+"""The desync report: each failed launch lines up the ranks' collectives (PyTorch's flight
+recorder) and names the first point where they differ, and which ranks were where."""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib import DistributedError, launch
+from course_lib.launching.desync import Call, RankTrace, build
+
+
+def _fail(fn, world_size, **kwargs) -> DistributedError:
+    with pytest.raises(DistributedError) as info:
+        launch(fn, world_size, echo=False, **kwargs)
+    assert info.value.desync is not None, "the flight recorder is on by default"
+    return info.value
+
+
+# -- on real ranks --------------------------------------------------------------------------
+
+def _returns_early():
+    t = torch.ones(3)
+    for i in range(3):
+        if dist.get_rank() == 1 and i == 2:
+            return "done"
+        dist.all_reduce(t)
+
+
+def test_a_rank_that_returns_early_is_named_while_the_others_wait_in_the_next():
+    err = _fail(_returns_early, 3)
+    report = err.desync
+    assert report.first_difference == 3
+    assert "rank 1 returned after its 2nd collective" in report.summary
+    assert "ranks 0, 2 were in their 3rd (all_reduce [3]" in report.summary
+    assert "Rank(s) 1 returned normally" in err.headline  # the headline names it too
+    assert "returned" in str(err) and ">>    3 |" in str(err)
+
+
+def _skips_one():
+    for _ in range(2):
+        if dist.get_rank() != 1:
+            dist.all_reduce(torch.ones(1))  # rank 1 skips this one
+        dist.all_reduce(torch.ones(1))
+
+
+def test_a_skipped_collective_is_traced_to_where_the_pairing_went_wrong():
+    report = _fail(_skips_one, 2).desync
+    assert report.first_difference == 3  # rank 0's 3rd finds no partner
+    assert "rank 1 returned after its 2nd collective" in report.summary
+    assert "collective #1 matched in kind and shape but came from different lines" in (
+        report.summary)
+
+
+def _different_collectives():
+    t = torch.ones(2, 4)
+    dist.all_reduce(t)
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))
+    else:
+        dist.broadcast(t, 1)
+
+
+def test_ranks_in_different_collectives_are_shown_side_by_side():
+    report = _fail(_different_collectives, 2, timeout=4).desync
+    assert report.first_difference == 2
+    assert "rank 0 was in its 2nd (all_reduce [1]" in report.summary
+    assert "rank 1 was in its 2nd (broadcast [2, 4]" in report.summary
+
+
+def _different_shapes():
+    dist.all_reduce(torch.ones(8 if dist.get_rank() == 0 else 4))
+
+
+def test_different_shapes_show_at_their_sequence_number():
+    # gloo aborts the rank that receives more than it expects (SIGABRT: no dump from it);
+    # with 3 ranks two dumps remain, and rank 0's is among them
+    report = _fail(_different_shapes, 3).desync
+    assert report.first_difference == 1
+    assert "all_reduce [8]" in report.summary and "all_reduce [4]" in report.summary
+    assert len(report.missing) <= 1 and 0 not in report.missing
+
+
+def _rank0_validates_with_ddp():
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)))
+    for _ in range(2):
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        if dist.get_rank() == 0:
+            model(torch.randn(16, 4))  # a forward on rank 0 only: DDP broadcasts buffers
+
+
+def test_a_rank_0_only_ddp_forward_shows_ddp_buffer_broadcast_against_backward():
+    report = _fail(_rank0_validates_with_ddp, 2, timeout=4).desync
+    diff = report.first_difference
+    rank0, rank1 = (t.at(diff) for t in report.traces)
+    assert rank0.op == "broadcast" and "DDP's buffer broadcast" in rank0.where
+    assert rank1.op == "all_reduce" and "backward" in rank1.where
+    assert "_rank0_validates_with_ddp, line" in report.summary
+
+
+def _stuck_inside_or_outside():
+    dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # blocks: rank 1 never comes
+    else:
+        while True:
+            time.sleep(0.05)
+
+
+def test_at_the_timeout_a_rank_blocked_in_a_collective_still_dumps_its_recorder():
+    # the process-group timeout is longer than the launch's: rank 0 is still blocked inside
+    # gloo when the launcher asks for the dump, so only the watcher thread can answer
+    err = _fail(_stuck_inside_or_outside, 2, timeout=3, pg_timeout=30)
+    rank0, rank1 = err.desync.traces
+    assert (rank0.ended, rank0.inside, rank0.last) == ("still running", True, 2)
+    assert not rank0.calls[-1].completed
+    assert (rank1.ended, rank1.inside, rank1.last) == ("still running", False, 1)
+    assert "outside any collective" in err.desync.summary
+
+
+def test_without_the_recorder_the_error_still_names_the_rank_that_returned():
+    with pytest.raises(DistributedError) as info:
+        launch(_returns_early, 3, echo=False, desync_report=False)
+    assert info.value.desync is None
+    assert "Rank(s) 1 returned normally" in str(info.value)
+
+
+# -- the report itself ------------------------------------------------------------------------
+
+def _calls(*labels: str) -> list[Call]:
+    return [Call(i + 1, op, ((int(n),),), f"f, line {10 + i}", True)
+            for i, (op, n) in enumerate(label.split() for label in labels)]
+
+
+def test_agreeing_ranks_give_no_difference_and_say_so():
+    traces = [RankTrace(r, _calls("all_reduce 3", "broadcast 2"), "still running")
+              for r in range(2)]
+    report = build(traces)
+    assert report.first_difference is None and "no desync" in report.summary
+
+
+def test_a_rank_without_a_dump_is_named_and_left_out_of_the_comparison():
+    traces = [RankTrace(0, _calls("all_reduce 3"), "raised RuntimeError", inside=True),
+              RankTrace(1, [], "killed by SIGABRT", dumped=False)]
+    report = build(traces)
+    assert report.missing == [1] and "Rank(s) 1 left no flight-recorder dump" in report.summary
+    assert "? (no dump)" in report.table()
+
+
+def test_the_table_marks_the_first_difference_and_the_collective_each_rank_was_in():
+    traces = [RankTrace(0, _calls("all_reduce 3", "all_reduce 1"), "raised RuntimeError",
+                        inside=True),
+              RankTrace(1, _calls("all_reduce 3", "broadcast 4"), "raised RuntimeError",
+                        inside=True)]
+    table = build(traces).table()
+    assert ">>    2 | all_reduce [1] <<" in table and "broadcast [4] <<" in table
+
+
+def test_the_picture_draws_a_box_per_collective_and_highlights_the_difference():
+    from matplotlib.patches import FancyBboxPatch, Rectangle
+
+    from course_lib.teach.desync import plot_desync
+
+    traces = [RankTrace(0, _calls("all_reduce 3", "all_reduce 3"), "raised RuntimeError",
+                        inside=True),
+              RankTrace(1, _calls("all_reduce 3"), "returned")]
+    fig = plot_desync(build(traces))
+    ax = fig.axes[0]
+    boxes = [p for p in ax.patches if isinstance(p, FancyBboxPatch)]
+    assert len(boxes) == 4  # 2 ranks x 2 collectives, the missing one drawn empty
+    assert sum(p.get_linewidth() == 3 for p in boxes) == 1  # rank 0, blocked in #2
+    assert any(isinstance(p, Rectangle) and not isinstance(p, FancyBboxPatch)
+               for p in ax.patches)  # the shaded difference
+    assert "#2" in ax.get_title(loc="left")
+
+
+def test_the_picture_refuses_an_error_without_a_report():
+    from course_lib.teach.desync import plot_desync
+
+    with pytest.raises(ValueError, match="desync_report=False"):
+        plot_desync(ValueError("not a launch error"))
