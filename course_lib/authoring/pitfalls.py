@@ -64,6 +64,7 @@ X4  | 00    | per-rank randomness makes ranks disagree
 X5  | 00    | a failing or hanging rank: what the error looks like
 X6  | 07    | accumulated micro-batch losses not divided by k: a k times larger learning rate
 X7  | 07    | accumulation over micro-batches of unequal sizes: a mean of means
+X8  | 11    | a crash in the middle of torch.save leaves a corrupt checkpoint
 """)
 
 # Ids that name the same pitfall as another: cells declare the other one.
