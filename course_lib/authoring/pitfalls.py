@@ -65,6 +65,8 @@ X5  | 00    | a failing or hanging rank: what the error looks like
 X6  | 07    | accumulated micro-batch losses not divided by k: a k times larger learning rate
 X7  | 07    | accumulation over micro-batches of unequal sizes: a mean of means
 X8  | 11    | a crash in the middle of torch.save leaves a corrupt checkpoint
+X9  | 09    | gradients clipped before GradScaler.unscale_(): every step shrunk by the scale
+X10 | 09    | GradScaler.update() called per micro-step instead of per optimizer step
 """)
 
 # Ids that name the same pitfall as another: cells declare the other one.
