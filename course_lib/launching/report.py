@@ -88,8 +88,27 @@ def root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
     return sorted(failures, key=lambda f: (f.blame, f.time, f.rank))
 
 
+# gloo's error when GLOO_SOCKET_IFNAME names an interface this machine does not have.
+_NO_INTERFACE = re.compile(r"Unable to find address for: (\S+)")
+
+
+def advice(failures: list[RankFailure]) -> str:
+    """What to do, for a failure whose fix is known ("" when none is)."""
+    for f in failures:
+        match = _NO_INTERFACE.search(f.message)
+        if match:
+            return (f"Fix: gloo found no interface named {match[1]!r} on this machine. Set "
+                    "GLOO_SOCKET_IFNAME (NCCL: NCCL_SOCKET_IFNAME) to an interface that "
+                    "exists and reaches the other ranks (list them: `ip -brief addr`, or "
+                    "socket.if_nameindex()), e.g. 'lo' when every rank is on this machine; "
+                    "or unset it to use the one the hostname resolves to.")
+    return ""
+
+
 def format_report(headline: str, failures: list[RankFailure], desync: Any = None) -> str:
     parts = [headline] if desync is None else [headline, desync.table()]
+    if advice(failures):
+        parts.insert(1, advice(failures))
     for failure in failures:
         parts.append(_format_failure(failure))
     return "\n\n".join(parts)

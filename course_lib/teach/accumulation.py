@@ -9,49 +9,21 @@ all-reduces, bytes and time, on a simulated slower link, and how far the ranks d
 No `from __future__ import annotations`: DDP checks a comm hook's annotations at runtime.
 """
 
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
-import torch.distributed as dist
+
+from course_lib.teach.interconnect import Link, simulated_link
 
 MB = 1e6
 
 
-@dataclass(frozen=True)
-class SlowLink:
-    """A link between ranks slower than this machine's loopback: every all-reduce waits
-    `latency_ms` plus its bytes at `gbit_per_s` before it starts (a model, not a network)."""
-
-    gbit_per_s: float
-    latency_ms: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.gbit_per_s <= 0 or self.latency_ms < 0:
-            raise ValueError(f"SlowLink needs gbit_per_s > 0 and latency_ms >= 0, got "
-                             f"{self.gbit_per_s} and {self.latency_ms}")
-
-    def seconds(self, nbytes: int) -> float:
-        """How long this link takes to carry `nbytes`, latency included."""
-        return self.latency_ms / 1e3 + nbytes * 8 / (self.gbit_per_s * 1e9)
+class SlowLink(Link):
+    """A link between ranks slower than this machine's loopback (lesson 08's Link: every
+    all-reduce completes no sooner than the ring of ranks would carry it on this link)."""
 
 
-def slow_link(link: "SlowLink | None",
-              bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """A DDP comm hook: wait as `link` would (None: no wait), then DDP's own average
-    (divide by the world size, all-reduce). The result is the same as without the hook."""
-    tensor = bucket.buffer()
-    if link is not None:
-        time.sleep(link.seconds(tensor.numel() * tensor.element_size()))
-    tensor.div_(dist.get_world_size())
-    return dist.all_reduce(tensor, async_op=True).get_future().then(_reduced)
-
-
-def _reduced(fut: torch.futures.Future) -> torch.Tensor:
-    """The bucket a comm hook's Future must hold (the all-reduce's holds a list of it)."""
-    return fut.value()[0]
+slow_link = simulated_link  # DDP's average, delivered when the link has carried the bucket
 
 
 def sync_cost(tel: Any, rank: int | None = None) -> dict[str, float]:

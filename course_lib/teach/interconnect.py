@@ -5,9 +5,10 @@
     predict_step(compute_s, nbytes, world_size, link)   # the same model, on paper
     network_interfaces()                                # which interface gloo would use
 
-Each all-reduce costs, on a ring of N ranks (the alpha-beta model of Thakur, Rabenseifner
-and Gropp, "Optimization of Collective Communication Operations in MPICH", 2005):
-2(N-1) hops of latency plus 2(N-1)/N of the bytes at the link's bandwidth. Each rank has one
+Each all-reduce costs, on a ring of N ranks, the link's latency plus 2(N-1)/N of the bytes
+at its bandwidth: each rank sends and receives that share in a ring all-reduce (the bandwidth
+term of Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations
+in MPICH", 2005; their latency term grows with N too, which we leave out). Each rank has one
 queue per link: an all-reduce starts when the previous one has left the link. The real
 all-reduce still runs on loopback, so results are exactly those of DDP without the hook.
 
@@ -29,7 +30,7 @@ MB = 1e6
 
 @dataclass(frozen=True)
 class Link:
-    """A link between ranks: `gbit_per_s` each way, `latency_ms` per hop of the ring."""
+    """A link between ranks: `gbit_per_s` each way, `latency_ms` per all-reduce."""
 
     gbit_per_s: float
     latency_ms: float = 0.5
@@ -41,19 +42,18 @@ class Link:
                              f"got {self.gbit_per_s} and {self.latency_ms}")
 
     def seconds(self, nbytes: int, world_size: int = 2) -> float:
-        """One ring all-reduce of `nbytes` over `world_size` ranks: 2(N-1) latencies plus
+        """One ring all-reduce of `nbytes` over `world_size` ranks: the latency plus
         2(N-1)/N of the bytes at the bandwidth (0 for one rank: nothing crosses a link)."""
         if world_size < 2:
             return 0.0
-        hops = 2 * (world_size - 1)
-        return hops * self.latency_ms / 1e3 + hops / world_size * nbytes * 8 / (
-            self.gbit_per_s * 1e9)
+        ring = 2 * (world_size - 1) / world_size
+        return self.latency_ms / 1e3 + ring * nbytes * 8 / (self.gbit_per_s * 1e9)
 
     def label(self) -> str:
         return self.name or f"{self.gbit_per_s:g} Gbit/s, {self.latency_ms:g} ms"
 
 
-# Bandwidth: one direction, from the published specification. Latency: a typical one-hop
+# Bandwidth: one direction, from the published specification. Latency: a typical
 # figure for a small message through NCCL or TCP, an order of magnitude to teach with (no
 # vendor publishes it as a spec; measure yours with nccl-tests' all_reduce_perf).
 PRESETS = {
