@@ -152,9 +152,9 @@ def _summary(traces: list[RankTrace], diff: int | None, missing: list[int]) -> s
     dumped = [t for t in traces if t.dumped]
     if diff is None:
         n = max((t.last for t in dumped), default=0)
-        return (f"The ranks' collectives agree: each issued the same {n} in the same order, "
-                f"so this is no desync; a rank stuck outside any collective shows in its "
-                f"stack.{gap}")
+        issued = f"each issued the same {n} in the same order" if n else "none issued any"
+        return (f"The ranks' collectives agree ({issued}), so this is no desync; a rank "
+                f"stuck outside any collective shows in its stack.{gap}")
     present = [t for t in dumped if t.at(diff)]
     absent = [t for t in dumped if not t.at(diff)]
     text = f"First difference at collective #{diff}: "
@@ -213,7 +213,7 @@ def render(report: DesyncReport) -> str:
     diff = report.first_difference
     first = max(1, (diff if diff is not None else end) - ROWS + 1)
     first = max(first, max((t.calls[0].seq for t in traces if t.calls), default=1))
-    width = max(18, *(len(c.label) + 2 for t in traces for c in t.calls if c.seq >= first),
+    width = max(18, *(len(c.label) + 3 for t in traces for c in t.calls if c.seq >= first),
                 *(len(t.ended) for t in traces))
     head = "      # | " + " | ".join(f"rank {t.rank}".ljust(width) for t in traces)
     lines = ["Desync report: each rank's collectives, in order (PyTorch's flight recorder, "
