@@ -1,0 +1,77 @@
+"""Real faults for lesson 11, injected from inside a launch: a rank SIGKILLed while a file is
+half written, SIGTERM sent to every rank as a cluster scheduler sends it, and a per-process
+memory limit under which a large allocation really fails."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+POLL_S = 0.0005
+
+
+def every_rank_pid() -> list[int]:
+    """Every rank's process id, in rank order, on every rank (a collective)."""
+    pids: list[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    return pids
+
+
+def kill_when_half_written(folder: str | os.PathLike, pid: int, size: int,
+                           timeout: float = 30.0) -> threading.Thread:
+    """Start a thread that SIGKILLs process `pid` as soon as a file in `folder` that is
+    being written holds between a quarter and three quarters of `size` bytes: a crash in
+    the middle of torch.save. The thread gives up after `timeout` seconds."""
+    def watch() -> None:
+        start, deadline = time.time(), time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for path in Path(folder).iterdir():
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:
+                    continue
+                if stat.st_mtime >= start - 1 and size // 4 < stat.st_size < size * 3 // 4:
+                    os.kill(pid, signal.SIGKILL)
+                    return
+            time.sleep(POLL_S)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def terminate_after(pids: list[int], seconds: float) -> threading.Timer:
+    """In `seconds`, send SIGTERM to every process in `pids`, as a cluster scheduler does
+    before it preempts a job."""
+    def send() -> None:
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+
+    timer = threading.Timer(seconds, send)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def address_space() -> int:
+    """This process's virtual memory size in bytes (VmSize in /proc/self/status)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmSize in /proc/self/status: memory limits need Linux")
+
+
+def limit_memory(extra_bytes: int) -> int:
+    """Cap this process's address space at what it uses now plus `extra_bytes` (what
+    `ulimit -v` or a scheduler's per-worker limit does); returns the cap. An allocation
+    beyond it fails for real, inside the allocator."""
+    cap = address_space() + extra_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (cap, resource.RLIM_INFINITY))
+    return cap
