@@ -1,0 +1,166 @@
+"""Lesson 11's check accepts the worked Checkpointer and a differently written correct one,
+and rejects plausible wrong ones, each with the hint that names what the resume missed."""
+
+import os
+
+import torch
+import torch.distributed as dist
+from checking import check_helpers
+
+from course_lib.checks.lesson11 import check_resume
+from course_lib.teach import checkpoints as ckpt
+
+NOTEBOOK = "11_checkpoints.ipynb"
+FAST = 30
+
+solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+
+
+class WithCourseHelpers:
+    """The lesson's helpers: atomic verified files, every rank's RNG (torch, numpy, python)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def save(self, step, ddp_model, optimizer, scheduler):
+        state = ckpt.capture(step, ddp_model, optimizer, scheduler)
+        if dist.get_rank() == 0:
+            ckpt.atomic_save(state, ckpt.checkpoint_path(self.folder, step))
+        dist.barrier()
+
+    def load(self, ddp_model, optimizer, scheduler):
+        path = ckpt.latest_checkpoint(self.folder)
+        if path is None:
+            return 0
+        return ckpt.restore(ckpt.verified_load(path), ddp_model, optimizer, scheduler)
+
+
+class OneFilePerRank:
+    """Each rank writes its own file: no collective needed for the random state."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def path(self):
+        return os.path.join(self.folder, f"rank{dist.get_rank()}.pt")
+
+    def save(self, step, ddp_model, optimizer, scheduler):
+        torch.save({"step": step, "model": ddp_model.module.state_dict(),
+                    "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "rng": torch.get_rng_state()}, self.path())
+
+    def load(self, ddp_model, optimizer, scheduler):
+        if not os.path.exists(self.path()):
+            return 0
+        state = torch.load(self.path(), map_location="cpu")
+        ddp_model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        return state["step"]
+
+
+class Missing(OneFilePerRank):
+    """OneFilePerRank, with one piece not restored (`leave_out`)."""
+
+    leave_out = ""
+
+    def load(self, ddp_model, optimizer, scheduler):
+        if not os.path.exists(self.path()):
+            return 0
+        state = torch.load(self.path(), map_location="cpu")
+        ddp_model.module.load_state_dict(state["model"])
+        if self.leave_out != "optimizer":
+            optimizer.load_state_dict(state["optimizer"])
+        if self.leave_out != "scheduler":
+            scheduler.load_state_dict(state["scheduler"])
+        if self.leave_out != "rng":
+            torch.set_rng_state(state["rng"])
+        return state["step"]
+
+
+class NoOptimizer(Missing):
+    leave_out = "optimizer"
+
+
+class NoScheduler(Missing):
+    leave_out = "scheduler"
+
+
+class NoRng(Missing):
+    leave_out = "rng"
+
+
+class RankZeroRng(OneFilePerRank):
+    """Rank 0 saves its own random state only, and every rank loads it."""
+
+    def save(self, step, ddp_model, optimizer, scheduler):
+        if dist.get_rank() == 0:
+            torch.save({"step": step, "model": ddp_model.module.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()},
+                       os.path.join(self.folder, "ckpt.pt"))
+        dist.barrier()
+
+    def path(self):
+        return os.path.join(self.folder, "ckpt.pt")
+
+
+class NextStep(OneFilePerRank):
+    """Returns the step after the saved one: one step is skipped."""
+
+    def load(self, ddp_model, optimizer, scheduler):
+        step = super().load(ddp_model, optimizer, scheduler)
+        return step + 1 if step else 0
+
+
+class WeightsOnRankZero(OneFilePerRank):
+    """Only rank 0 loads the weights, counting on DDP to copy them (it does so only when it
+    is built)."""
+
+    def load(self, ddp_model, optimizer, scheduler):
+        if not os.path.exists(self.path()):
+            return 0
+        state = torch.load(self.path(), map_location="cpu")
+        if dist.get_rank() == 0:
+            ddp_model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
+        return state["step"]
+
+
+def test_accepts_the_solution(capsys):
+    accepts(check_resume, solution("Checkpointer"), capsys)
+
+
+def test_accepts_the_course_helpers(capsys):
+    accepts(check_resume, WithCourseHelpers, capsys)
+
+
+def test_accepts_one_file_per_rank(capsys):
+    accepts(check_resume, OneFilePerRank, capsys)
+
+
+def test_rejects_a_resume_without_the_optimizer(capsys):
+    rejects(check_resume, NoOptimizer, "momentum buffers", capsys)
+
+
+def test_rejects_a_resume_without_the_scheduler(capsys):
+    rejects(check_resume, NoScheduler, "scheduler restarted", capsys)
+
+
+def test_rejects_a_resume_without_the_random_state(capsys):
+    rejects(check_resume, NoRng, "random state was not restored", capsys)
+
+
+def test_rejects_rank_zeros_random_state_on_every_rank(capsys):
+    rejects(check_resume, RankZeroRng, "every rank got rank 0's random state", capsys)
+
+
+def test_rejects_a_step_off_by_one(capsys):
+    rejects(check_resume, NextStep, "but the last checkpoint was saved at step", capsys)
+
+
+def test_rejects_weights_loaded_on_rank_zero_only(capsys):
+    rejects(check_resume, WeightsOnRankZero, "weights differ from rank 0's", capsys)
