@@ -1,0 +1,67 @@
+"""Lesson 08's check accepts the worked solution and a differently written correct answer,
+and rejects plausible wrong predictions, each with the hint that names the mistake."""
+
+import pytest
+from checking import check_helpers
+
+from course_lib.checks.lesson08 import check_predict_step_time
+
+NOTEBOOK = "08_communication_scaling.ipynb"
+FAST = 20  # seconds a launch: every answer here finishes well within it
+
+solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+
+
+def with_link_seconds(compute_s, n_params, world_size, link):
+    return compute_s + link.seconds(4 * n_params, world_size)
+
+
+def in_bits_first(compute_s, n_params, world_size, link):
+    bits_per_rank = 32 * n_params * (world_size - 1) * 2 / world_size
+    return compute_s + link.latency_ms * 1e-3 + bits_per_rank / link.gbit_per_s / 1e9
+
+
+def no_ring(compute_s, n_params, world_size, link):
+    return compute_s + link.latency_ms / 1e3 + 4 * n_params * 8 / (link.gbit_per_s * 1e9)
+
+
+def times_n(compute_s, n_params, world_size, link):
+    return compute_s + link.latency_ms / 1e3 + world_size * 32 * n_params / (
+        link.gbit_per_s * 1e9)
+
+
+def no_latency(compute_s, n_params, world_size, link):
+    ring = 2 * (world_size - 1) / world_size
+    return compute_s + ring * 32 * n_params / (link.gbit_per_s * 1e9)
+
+
+def bytes_as_bits(compute_s, n_params, world_size, link):
+    ring = 2 * (world_size - 1) / world_size
+    return compute_s + link.latency_ms / 1e3 + ring * 4 * n_params / (link.gbit_per_s * 1e9)
+
+
+def no_compute(compute_s, n_params, world_size, link):
+    ring = 2 * (world_size - 1) / world_size
+    return link.latency_ms / 1e3 + ring * 32 * n_params / (link.gbit_per_s * 1e9)
+
+
+def in_milliseconds(compute_s, n_params, world_size, link):
+    return 1e3 * with_link_seconds(compute_s, n_params, world_size, link)
+
+
+@pytest.mark.parametrize("fn", [solution("predict_step_time"), with_link_seconds,
+                                in_bits_first])
+def test_predict_step_time_accepts(fn, capsys):
+    accepts(check_predict_step_time, fn, capsys)
+
+
+@pytest.mark.parametrize(("fn", "hint"), [
+    (no_ring, "you left out the ring factor"),
+    (times_n, "you multiplied by N"),
+    (no_latency, "you left out the link's latency"),
+    (bytes_as_bits, "you counted bits as bytes"),
+    (no_compute, "you left out the compute time"),
+    (in_milliseconds, "check the units"),
+])
+def test_predict_step_time_rejects(fn, hint, capsys):
+    rejects(check_predict_step_time, fn, hint, capsys)
