@@ -1,0 +1,264 @@
+"""Checks for lesson 09's exercise: one optimizer step of fp16 AMP with gradient accumulation
+under DDP, judged by its gradients (non-zero, equal to an fp32 reference up to fp16
+rounding) and by the order of its GradScaler calls, recorded by a spying scaler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.checks.common import (
+    CHECK_TIMEOUT,
+    Rejected,
+    at_world_sizes,
+    listing,
+    run_check,
+    state_snapshot,
+)
+from course_lib.checks.result import CheckResult
+from course_lib.telemetry import Recorder
+
+SEED = 9
+STEPS = 2
+K = 3  # micro-batches per optimizer step
+MICRO = 4  # samples per micro-batch
+# The model's loss is this small, as in the lesson: in fp16 without loss scaling its gradients
+# underflow (measured: 1.4-1.6% of them non-zero), with GradScaler none does (100%).
+LOSS_WEIGHT = 3e-7
+# max_norm per world size, as a multiple of the true gradient norm at step 0: on 2 ranks the
+# clip never binds (a gradient k times too large shows), on 3 it binds (a missing clip shows).
+CLIP = {2: 10.0, 3: 0.5}
+WORLD_SIZES = tuple(CLIP)
+# fp16 computes every product with a 10-bit mantissa, so the AMP gradient differs from the
+# fp32 one. Measured for the worked solution: relative errors (|g - ref| / |ref|) of 3.5e-4
+# to 6.6e-4 over both steps and world sizes. 1e-2 leaves a 15x margin; every mistake the
+# check names is off by far more (a factor of k or of the scale, gradients of 0: 0.7 or more).
+TOLERANCE = 1e-2
+ORDER = "scale(loss).backward() per micro-batch, then unscale_, clip, step, update"
+
+
+class TinyLossModel(nn.Module):
+    """A regression model whose forward(x, y) returns its micro-batch's mean loss, small."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(SEED)
+            self.net = nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 32),
+                                     nn.Tanh(), nn.Linear(32, 1))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return LOSS_WEIGHT * nn.functional.mse_loss(self.net(x), y)
+
+
+def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole batch of one optimizer step (every rank and the kernel build the same)."""
+    gen = torch.Generator().manual_seed(SEED * 100 + step)
+    x = torch.randn(size, 6, generator=gen)
+    return x, x[:, :3].sum(1, keepdim=True).cos()
+
+
+def micro_batches(step: int, rank: int, world_size: int) -> list[tuple[torch.Tensor, ...]]:
+    """Rank `rank`'s share of the step's global batch, in K micro-batches of MICRO."""
+    x, y = global_batch(step, world_size * K * MICRO)
+    part = slice(rank * K * MICRO, (rank + 1) * K * MICRO)
+    return list(zip(x[part].split(MICRO), y[part].split(MICRO)))
+
+
+def _flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                      for p in params]).detach().double().clone()
+
+
+class _RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the gradients it steps with."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, lr=lr)
+        self.seen: list[torch.Tensor] = []
+
+    def step(self, closure: Any = None) -> Any:
+        self.seen.append(_flat_grad([p for g in self.param_groups for p in g["params"]]))
+        return super().step(closure)
+
+
+class SpyScaler(torch.amp.GradScaler):
+    """A GradScaler that records the learner's calls in order (not the unscale_ that step()
+    makes itself when the learner did not call it)."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.calls: list[str] = []
+        self._in_step = False
+
+    def scale(self, outputs: Any) -> Any:
+        self.calls.append("scale")
+        return super().scale(outputs)
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._in_step:
+            self.calls.append("unscale_")
+        return super().unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append("step")
+        self._in_step = True
+        try:
+            return super().step(optimizer, *args, **kwargs)
+        finally:
+            self._in_step = False
+
+    def update(self, new_scale: Any = None) -> None:
+        self.calls.append("update")
+        return super().update(new_scale)
+
+
+def _train_on_rank(fn: Callable, max_norm: float) -> dict[str, Any]:
+    """fn(model, optimizer, scaler, micro_batches, max_norm) for STEPS steps; what it did."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model = DDP(TinyLossModel())
+    optimizer = _RecordingSGD(model.parameters(), lr=0.1)
+    scaler = SpyScaler()
+    rec = Recorder()
+    rec.watch_ddp(model, grads=False)  # one row per bucket all-reduce DDP makes
+    steps = []
+    for step in range(STEPS):
+        before, calls = len(optimizer.seen), len(scaler.calls)
+        weights = state_snapshot(model.module)
+        with rec.step(step):
+            fn(model, optimizer, scaler, micro_batches(step, rank, world_size), max_norm)
+        steps.append({"weights": weights, "grads": optimizer.seen[before:],
+                      "calls": scaler.calls[calls:],
+                      "left_grad": float(_flat_grad(list(model.parameters())).abs().max())})
+    comms = rec.telemetry().comms
+    for step, record in enumerate(steps):
+        record["allreduces"] = int((comms["step"] == step).sum())
+    return {"steps": steps}
+
+
+# -- the truth, computed in the kernel ----------------------------------------------------------
+
+def reference_grad(weights: dict[str, torch.Tensor], step: int, world_size: int,
+                   max_norm: float | None) -> torch.Tensor:
+    """The fp32 gradient of the step's mean loss over the global batch at `weights`, clipped
+    to max_norm (None: not clipped)."""
+    model = TinyLossModel()
+    model.load_state_dict(weights)
+    x, y = global_batch(step, world_size * K * MICRO)
+    model(x, y).backward()
+    if max_norm is not None:
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return _flat_grad(list(model.parameters()))
+
+
+def max_norm_for(world_size: int) -> float:
+    """The clip threshold of a world size: CLIP times the true gradient norm at step 0."""
+    start = state_snapshot(TinyLossModel())
+    return CLIP[world_size] * float(reference_grad(start, 0, world_size, None).norm())
+
+
+# -- the check ----------------------------------------------------------------------------------
+
+KNOWN = [("No inf checks were recorded prior to update",
+          "scaler.update() ran before any scaler.unscale_()/scaler.step() of this optimizer "
+          "step: update() reads the inf checks that unscale_() records, so it comes once per "
+          "optimizer step, after scaler.step(optimizer), not in the micro-batch loop."),
+         ("unscale_() has already been called on this optimizer since the last update()",
+          "scaler.unscale_() ran twice in one optimizer step: call it once, after the last "
+          "micro-batch's backward and before clipping."),
+         ("Expected to have finished reduction",
+          "DDP found a backward it had prepared for but never saw: every forward outside "
+          "no_sync() needs its backward before the next forward.")]
+
+
+def check_amp_step(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+    """fn(model, optimizer, scaler, micro_batches, max_norm) must make one optimizer step of
+    fp16 AMP with accumulation: non-zero gradients equal to the fp32 gradient (clipped) within
+    TOLERANCE, the scaler calls in order, one all-reduce."""
+    def judge() -> str:
+        for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES,
+                                         lambda n: (max_norm_for(n),), timeout, known=KNOWN):
+            _judge(results, n, max_norm_for(n))
+        return (f"{STEPS} optimizer steps of {K} micro-batches on {listing(WORLD_SIZES)} ranks: "
+                f"scaler calls in order ({ORDER}), one all-reduce per step, and non-zero "
+                f"gradients within {TOLERANCE:g} (relative) of the fp32 gradient, clipped.")
+    return run_check("check_amp_step", fn, judge)
+
+
+def _judge(results: list[dict[str, Any]], n: int, max_norm: float) -> None:
+    where = f"on {n} ranks, "
+    for rank, result in enumerate(results):
+        for step, record in enumerate(result["steps"]):
+            _judge_calls(record["calls"], where)
+            stepped = len(record["grads"])
+            if stepped != 1:
+                raise Rejected(f"{where}the optimizer stepped {stepped} times in one call: "
+                               "call scaler.step(optimizer) once, after the last micro-batch.")
+            if record["allreduces"] != 1:
+                raise Rejected(f"{where}DDP made {record['allreduces']} all-reduces in one "
+                               f"optimizer step of {K} micro-batches: run the first {K - 1} "
+                               "(forward and backward) inside model.no_sync() (lesson 07).")
+            if record["left_grad"] != 0.0:
+                raise Rejected(f"{where}p.grad still held a gradient after the step: call "
+                               "optimizer.zero_grad() after scaler.update().")
+            want = reference_grad(record["weights"], step, n, max_norm)
+            _judge_gradient(record["grads"][0], want, where + f"rank {rank}, step {step}: ",
+                            max_norm)
+
+
+def _judge_calls(calls: list[str], where: str) -> None:
+    """The learner's scaler calls in one optimizer step, against ORDER."""
+    scales = calls.count("scale")
+    if scales == 0:
+        raise Rejected(f"{where}scaler.scale() was never called: in fp16 the small gradients "
+                       "underflow to 0 without loss scaling. Call "
+                       "scaler.scale(loss).backward() for every micro-batch.")
+    if scales != K:
+        raise Rejected(f"{where}scaler.scale() ran {scales} times for {K} micro-batches: call "
+                       "scaler.scale(loss).backward() once per micro-batch (a backward of the "
+                       "summed loss keeps every micro-batch's graph in memory at once).")
+    rest = [c for c in calls if c != "scale"]
+    if rest.count("step") != 1 or rest.count("update") != 1:
+        raise Rejected(f"{where}your scaler calls after the micro-batches were {rest}: one "
+                       "scaler.step(optimizer) and one scaler.update() per optimizer step.")
+    if "unscale_" not in rest:
+        raise Rejected(f"{where}scaler.unscale_(optimizer) was never called, so the clip saw "
+                       "the scaled gradients (x65536): call unscale_ before "
+                       "clip_grad_norm_.")
+    if calls != ["scale"] * K + ["unscale_", "step", "update"]:
+        raise Rejected(f"{where}your scaler calls were {calls}; the order is {ORDER}.")
+
+
+def _judge_gradient(got: torch.Tensor, want: torch.Tensor, where: str, max_norm: float) -> None:
+    nonzero, wanted = float((got != 0).double().mean()), float((want != 0).double().mean())
+    if nonzero < 0.5 * wanted:
+        raise Rejected(f"{where}{100 * nonzero:.0f}% of the gradients the optimizer stepped "
+                       f"with were non-zero (fp32: {100 * wanted:.0f}%): they underflowed in "
+                       "fp16. Scale the loss: scaler.scale(loss).backward().")
+    error = float((got - want).norm() / want.norm())
+    if error <= TOLERANCE:
+        return
+    ratio = float(got.norm() / want.norm())
+    if ratio < 1e-3:
+        raise Rejected(f"{where}the gradient the optimizer stepped with is {ratio:.1e} times "
+                       "the true (clipped) one: the clip saw the scaled gradients. Call "
+                       "scaler.unscale_(optimizer) before clip_grad_norm_.")
+    if float(got.norm()) > max_norm * (1 + 1e-3):
+        raise Rejected(f"{where}the gradient's norm {float(got.norm()):.3g} is above "
+                       f"max_norm = {max_norm:.3g}: clip with "
+                       "nn.utils.clip_grad_norm_(model.parameters(), max_norm) after "
+                       "unscale_.")
+    for factor in (K, 1 / K):
+        if abs(ratio - factor) < 0.05 * factor:
+            raise Rejected(f"{where}the gradient is {ratio:.2f} times the true one: divide "
+                           f"each micro-batch's loss by k = {K} (and nothing else: DDP "
+                           "averages over the ranks).")
+    raise Rejected(f"{where}the gradient differs from the fp32 gradient by {error:.1e} "
+                   f"(relative; fp16 rounding stays below {TOLERANCE:g}): norm ratio "
+                   f"{ratio:.3g}. Compute each micro-batch's loss under "
+                   "torch.autocast('cpu', dtype=torch.float16), divided by k.")
