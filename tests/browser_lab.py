@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -47,16 +48,22 @@ def lab_command(root: Path, port: int, token: str, home: Path) -> list[str]:
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
 
 
+# Private user settings: widget state saved with the notebook (so the test can read what
+# Output widgets hold); no autosave (the test's own save is the only one it reads back).
+SETTINGS = {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
+            "@jupyterlab/docmanager-extension/plugin": {"autosave": False}}
+
+
 def lab_env(home: Path) -> dict[str, str]:
-    """Private config, data, runtime and settings folders; the news pop-up switched off;
-    widget state saved with the notebook (so the test can read what Output widgets hold)."""
+    """Private config, data, runtime and settings folders; the news pop-up switched off."""
     labconfig = home / "config" / "labconfig"
     labconfig.mkdir(parents=True)
     (labconfig / "page_config.json").write_text(json.dumps(
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
-    widgets = home / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
-    widgets.mkdir(parents=True)
-    (widgets / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))
+    for plugin, values in SETTINGS.items():
+        settings = home / "settings" / f"{plugin}.jupyterlab-settings"
+        settings.parent.mkdir(parents=True, exist_ok=True)
+        settings.write_text(json.dumps(values))
     return {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
             "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
 
@@ -76,7 +83,7 @@ class Lab:
 
     def notebook_url(self, path: str) -> str:
         """The notebook in a workspace of its own (nothing restored from an earlier page)."""
-        workspace = Path(path).stem
+        workspace = re.sub(r"[^A-Za-z0-9_-]", "-", path)  # lessons and exercises share names
         return f"{self.url}/lab/workspaces/{workspace}/tree/{path}?token={self.token}"
 
     def shut_down_kernels(self) -> None:
@@ -157,15 +164,16 @@ def run_all(page, timeout_ms: int) -> None:
     page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
 
 
-def saved_notebook(page, path: Path, timeout: float = 60) -> nbformat.NotebookNode:
-    """File > Save from the page, then read back what the browser's kernel produced."""
-    before = path.stat().st_mtime_ns
-    page.locator(".jp-NotebookPanel-toolbar [data-command='docmanager:save']").click()
-    deadline = time.monotonic() + timeout
-    while path.stat().st_mtime_ns == before:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"JupyterLab did not save {path.name} within {timeout} s")
-        time.sleep(0.1)
+def saved_notebook(page, path: Path, timeout_ms: int = 60_000) -> nbformat.NotebookNode:
+    """File > Save from the page, then read back what the browser's kernel produced (once the
+    server has answered the save: it writes the file in place)."""
+    def is_save(response) -> bool:
+        return response.request.method == "PUT" and "/api/contents/" in response.url
+
+    with page.expect_response(is_save, timeout=timeout_ms) as saving:
+        page.locator(".jp-NotebookPanel-toolbar [data-command='docmanager:save']").click()
+    if not saving.value.ok:
+        raise RuntimeError(f"JupyterLab could not save {path.name}: {saving.value.status}")
     return nbformat.read(path, as_version=4)
 
 
