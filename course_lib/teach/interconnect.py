@@ -263,7 +263,7 @@ def plot_scaling(compute_s: float, nbytes: int, links: dict[str, Link],
     ax.set_xlabel("world size (ranks)")
     ax.set_ylabel("efficiency (1 = N ranks, N x)")
     ax.set_title(title or "Weak-scaling efficiency: compute / step time", fontsize="medium")
-    ax.legend(fontsize="x-small", loc="lower left")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
     return fig
 
 
