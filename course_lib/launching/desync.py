@@ -152,9 +152,14 @@ def _summary(traces: list[RankTrace], diff: int | None, missing: list[int]) -> s
     dumped = [t for t in traces if t.dumped]
     if diff is None:
         n = max((t.last for t in dumped), default=0)
-        issued = f"each issued the same {n} in the same order" if n else "none issued any"
-        return (f"The ranks' collectives agree ({issued}), so this is no desync; a rank "
-                f"stuck outside any collective shows in its stack.{gap}")
+        if not n:
+            return ("The flight recorder holds no collective of the default group from any "
+                    "rank (monitored_barrier's messages and the group that "
+                    "TORCH_DISTRIBUTED_DEBUG=DETAIL wraps are not counted): see the errors "
+                    f"and stacks below.{gap}")
+        return (f"The ranks' collectives agree (each issued the same {n} in the same order), "
+                f"so this is no desync; a rank stuck outside any collective shows in its "
+                f"stack.{gap}")
     present = [t for t in dumped if t.at(diff)]
     absent = [t for t in dumped if not t.at(diff)]
     text = f"First difference at collective #{diff}: "

@@ -1,0 +1,168 @@
+"""Checks for lesson 10's exercise: fix a training loop that hangs because each rank decides
+on its own loss when to stop."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.checks.common import (
+    CHECK_TIMEOUT,
+    Rejected,
+    at_world_sizes,
+    differing,
+    listing,
+    run_check,
+    state_snapshot,
+)
+from course_lib.checks.result import CheckResult
+
+WORLD_SIZES = (2, 3)
+SEED = 10
+STEPS, BATCH, LR = 30, 32, 0.1
+TARGET = 0.3  # the mean loss over ranks falls below it (step 12 on 2 ranks, 11 on 3)
+NOISE = 0.7  # the last rank's labels are noisy: its own loss stays near NOISE**2 = 0.49
+PG_TIMEOUT = 4.0  # a hang ends in seconds, not in gloo's default 30 minutes
+TRUE_W = (1.0, -2.0, 0.5, 3.0)
+
+
+def rank_batches(rank: int, world_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's STEPS batches: y = x @ TRUE_W, with noise on the last rank only."""
+    gen = torch.Generator().manual_seed(SEED * 100 + rank)
+    noise = NOISE if rank == world_size - 1 else 0.0
+    w = torch.tensor(TRUE_W).unsqueeze(1)
+    batches = []
+    for _ in range(STEPS):
+        x = torch.randn(BATCH, 4, generator=gen)
+        batches.append((x, x @ w + noise * torch.randn(BATCH, 1, generator=gen)))
+    return batches
+
+
+def _train_on_rank(fn: Callable) -> tuple[Any, dict[str, torch.Tensor]]:
+    """fn(ddp_model, this rank's batches, TARGET) on this rank; its return and the weights."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(SEED)
+    model = DDP(nn.Linear(4, 1))
+    steps = fn(model, rank_batches(rank, world_size), TARGET)
+    return steps, state_snapshot(model.module)
+
+
+# -- what one process computes ---------------------------------------------------------------
+
+def _mean(losses: torch.Tensor) -> bool:
+    return losses.mean().item() < TARGET
+
+
+RULES: dict[str, Callable[[torch.Tensor], bool]] = {
+    "mean": _mean,
+    "sum": lambda losses: losses.sum().item() < TARGET,
+    "rank 0": lambda losses: losses[0].item() < TARGET,
+    "max": lambda losses: losses.max().item() < TARGET,
+}
+
+
+def simulate(world_size: int, stop: Callable[[torch.Tensor], bool] = _mean,
+             ) -> tuple[int, dict[str, torch.Tensor]]:
+    """The steps and weights of DDP training stopped by `stop` (given every rank's loss),
+    computed in one process: DDP's gradient is the mean of the ranks' gradients, the
+    gradient of the ranks' mean loss (equal batch sizes). The kernel's random state is kept."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    data = [rank_batches(r, world_size) for r in range(world_size)]
+    steps = 0
+    for i in range(STEPS):
+        losses = torch.stack([F.mse_loss(model(d[i][0]), d[i][1]) for d in data])
+        if stop(losses.detach()):
+            break
+        losses.mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    return steps, state_snapshot(model)
+
+
+# -- the check -------------------------------------------------------------------------------
+
+def check_train_until_converged(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+    """fn(model, batches, target) must train the DDP model on this rank's batches and stop,
+    on every rank at the same step, before the first step whose loss averaged over all ranks
+    is below target; it returns the number of optimizer steps taken."""
+    def judge() -> str:
+        try:
+            for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
+                                             pg_timeout=min(PG_TIMEOUT, timeout - 1)):
+                _judge(n, results)
+        except Rejected as rejected:
+            hint = _hang_hint(rejected)
+            raise (Rejected(hint, rejected.failure) if hint else rejected) from None
+        return (f"on {listing(WORLD_SIZES)} ranks every rank stopped at the step where the "
+                "loss averaged over all ranks first fell below the target, with one "
+                "process's weights: no hang, and the same decision everywhere.")
+    return run_check("check_train_until_converged", fn, judge)
+
+
+def _hang_hint(rejected: Rejected) -> str | None:
+    """Where the ranks parted, from the desync report of the failed launch."""
+    failure = rejected.failure
+    report = getattr(failure.error, "desync", None) if failure else None
+    if report is None or report.first_difference is None:
+        return None
+    k = report.first_difference
+    doing = []
+    for trace in report.traces:
+        call = trace.at(k)
+        what = (f"in {call.op} ({call.where})" if call
+                else f"{trace.ended} after {trace.last} collectives")
+        doing.append(f"rank {trace.rank} {what}")
+    return (f"on {failure.world_size} ranks the ranks parted at collective #{k}: "
+            f"{'; '.join(doing)}. Some ranks left the loop while others trained on: each rank "
+            "decided on its own loss. Decide together: all-reduce the loss (divided by the "
+            "world size) before the `if`, so every rank takes the same branch.\n"
+            f"{failure.details()}")
+
+
+def _judge(n: int, results: list) -> None:
+    steps = [s for s, _ in results]
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in steps):
+        raise Rejected(f"on {n} ranks your function returned {steps!r}: return the number of "
+                       "optimizer steps taken, an int.")
+    if len(set(steps)) > 1:
+        raise Rejected(f"on {n} ranks the ranks report different step counts {steps}: every "
+                       "rank must stop at the same step.")
+    want_steps, want = simulate(n)
+    got = steps[0]
+    if got != want_steps:
+        raise Rejected(_steps_hint(n, got, want_steps))
+    bad = differing(results[0][1], want)
+    if bad:
+        raise Rejected(f"on {n} ranks you stopped after the right {got} steps, but the weights "
+                       f"({listing(bad)}) differ from one process's: back-propagate this "
+                       "rank's own loss and let DDP average the gradients; use the averaged "
+                       "loss only to decide.")
+
+
+def _steps_hint(n: int, got: int, want: int) -> str:
+    named = {rule: simulate(n, stop)[0] for rule, stop in RULES.items() if rule != "mean"}
+    base = (f"on {n} ranks every rank stopped after {got} steps; the loss averaged over all "
+            f"ranks first falls below the target at step {want}, so {want} steps.")
+    if got == named["rank 0"] and got != named["sum"]:
+        return f"{base} {got} is where rank 0's own loss falls below it: decide on the mean " \
+               "over all ranks, not on one rank's loss."
+    if got == named["sum"]:
+        return (f"{base} {got} is where the sum (or the largest) of the ranks' losses falls "
+                "below it: after all_reduce (SUM), divide by dist.get_world_size().")
+    if abs(got - want) == 1:
+        return (f"{base} One step off: check the loss before loss.backward() and "
+                "optimizer.step(), and count only the steps you took.")
+    return (f"{base} No simple stopping rule gives {got}: the training itself went another "
+            "way. Back-propagate each rank's own loss, unscaled (DDP averages the gradients), "
+            "step once per batch, and use the averaged loss only to decide.")

@@ -1,0 +1,124 @@
+"""Lesson 10's check accepts the worked solution and a differently written correct answer, and
+rejects plausible wrong answers, each with the hint that names what went wrong."""
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from checking import check_helpers
+
+from course_lib.checks.lesson10 import check_train_until_converged
+
+NOTEBOOK = "10_hangs_and_desync.ipynb"
+FAST = 15  # seconds a launch; a hang ends at the check's short process-group timeout
+
+solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+
+
+def _train(model, batches, target, stop):
+    """The exercise's loop with the stopping rule `stop(loss)` -> bool."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for x, y in batches:
+        loss = F.mse_loss(model(x), y)
+        if stop(loss, target):
+            break
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    dist.barrier()
+    return steps
+
+
+def stop_on_a_flag(model, batches, target):
+    """Correct, written otherwise: all-reduce the loss sum and the count, decide, and share a
+    flag (a broadcast of rank 0's decision, which is the same on every rank)."""
+    def stop(loss, target):
+        total = torch.stack([loss.detach(), torch.tensor(1.0)])
+        dist.all_reduce(total)
+        flag = torch.tensor([float(total[0] / total[1] < target)])
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+    return _train(model, batches, target, stop)
+
+
+def own_loss(model, batches, target):  # the colleague's version: hangs
+    return _train(model, batches, target, lambda loss, t: loss.item() < t)
+
+
+def rank0_decides(model, batches, target):
+    def stop(loss, target):
+        flag = torch.tensor([float(loss.item() < target)])
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+    return _train(model, batches, target, stop)
+
+
+def summed_not_averaged(model, batches, target):
+    def stop(loss, target):
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        return total.item() < target
+    return _train(model, batches, target, stop)
+
+
+def decides_after_the_step(model, batches, target):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for x, y in batches:
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        if mean.item() / dist.get_world_size() < target:
+            break
+    dist.barrier()
+    return steps
+
+
+def backprops_the_averaged_loss(model, batches, target):
+    def stop(loss, target):
+        dist.all_reduce(loss.detach())  # in place on the loss itself: doubles its value
+        return loss.item() / dist.get_world_size() < target
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for x, y in batches:
+        loss = F.mse_loss(model(x), y)
+        if stop(loss, target):
+            break
+        (loss * dist.get_world_size()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    dist.barrier()
+    return steps
+
+
+def returns_the_loss(model, batches, target):
+    stop_on_a_flag(model, batches, target)
+    return 0.25
+
+
+@pytest.mark.parametrize("fn", ["solution", stop_on_a_flag])
+def test_train_until_converged_accepts(fn, capsys):
+    fn = solution("train_until_converged") if fn == "solution" else fn
+    accepts(check_train_until_converged, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (own_loss, "on 2 ranks the ranks parted at collective #"),
+    (own_loss, "each rank decided on its own loss"),
+    (rank0_decides, "is where rank 0's own loss falls below it"),
+    (summed_not_averaged, "divide by dist.get_world_size()"),
+    (decides_after_the_step, "One step off"),
+    (backprops_the_averaged_loss, "every rank stopped after 8 steps; the loss averaged over "
+                                  "all ranks first falls below the target at step 12"),
+    (backprops_the_averaged_loss, "Back-propagate each rank's own loss, unscaled"),
+    (returns_the_loss, "return the number of optimizer steps taken"),
+])
+def test_train_until_converged_rejects(fn, hint, capsys):
+    rejects(check_train_until_converged, fn, hint, capsys)
