@@ -19,6 +19,8 @@ from course_lib.teach.mixed_precision import (
     plot_losses,
     plot_scale,
     sent,
+    underflow_explorer,
+    underflow_sweep,
 )
 
 
@@ -80,3 +82,18 @@ def test_figures_draw_what_they_are_given():
     fig = plot_scale({0: [4.0, 2.0, 2.0]}, {0: [0]})
     xs, ys = fig.axes[0].lines[1].get_data()
     assert list(xs) == [0] and list(ys) == [4.0]
+
+
+def test_underflow_sweep_loses_fp16_gradients_only_without_a_scaler():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    x, y = torch.randn(32, 8), torch.randn(32, 1)
+    grid = underflow_sweep(model, x, y, [1.0, 1e-7])
+    share = {w: {name: nonzero_share(g) for name, g in row.items()} for w, row in grid.items()}
+    assert share[1.0]["fp16, no scaler"] == share[1.0]["fp32"] == 1.0
+    assert share[1e-7]["fp16, no scaler"] < 0.05
+    assert share[1e-7]["fp16 + GradScaler (x65536)"] == share[1e-7]["bf16, no scaler"] == 1.0
+    scaled, fp32 = grid[1.0]["fp16 + GradScaler (x65536)"], grid[1.0]["fp32"]
+    assert (scaled - fp32).norm() / fp32.norm() < 1e-2  # unscaled back to the true size
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+    assert underflow_explorer(grid).children[0].description == "loss weight"

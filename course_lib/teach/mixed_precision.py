@@ -7,6 +7,7 @@ which operations autocast ran in which dtype, what DDP sends, and GradScaler's s
     op_table(ops)                        # one row per op: input and output dtypes
     with sent() as calls: loss.backward()   # dtype and bytes of each all-reduce DDP made
     plot_scale(scales)                   # GradScaler's scale per step, skipped steps marked
+    underflow_explorer(underflow_sweep(model, x, y, weights))  # where fp16 gradients vanish
 
 The drawing functions import matplotlib themselves: ranks import this module and should not
 pay for the plotting stack.
@@ -124,8 +125,9 @@ def sent() -> Iterator[list[Sent]]:
 # -- pictures --------------------------------------------------------------------------------------
 
 def plot_grad_histograms(runs: dict[str, list[torch.Tensor]], bins: int = 40):
-    """One panel per run: each rank's histogram of log10 |gradient|, the exact zeros as a
-    bar of their own at the left, and fp16's smallest value as a line."""
+    """One panel per run: each rank's histogram of log10 |gradient| (one tensor: one
+    process's), the exact zeros as a bar of their own at the left, fp16's smallest value as a
+    line."""
     import numpy as np
 
     from course_lib.plots.style import HIGHLIGHT, new_figure, rank_bar_style, rank_style
@@ -146,7 +148,8 @@ def plot_grad_histograms(runs: dict[str, list[torch.Tensor]], bins: int = 40):
             style = rank_style(rank)
             ax.hist(g[g > 0].log10().numpy(), bins=edges, histtype="step", color=style["color"],
                     linestyle=style["linestyle"], linewidth=2.5 if rank == 0 else 1.5,
-                    label=f"rank {rank}: {100 * nonzero_share(g):.0f}% non-zero")
+                    label=(f"rank {rank}: " if len(grads) > 1 else "")
+                    + f"{100 * nonzero_share(g):.0f}% non-zero")
             ax.bar(zero_at + 0.3 * (rank - (len(grads) - 1) / 2), int((g == 0).sum()),
                    width=0.3, **rank_bar_style(rank))
         ticks = list(range(int(np.ceil(low)), int(high) + 1, 2))
@@ -195,3 +198,73 @@ def plot_scale(scales: dict[int, list[float]], skipped: dict[int, list[int]]):
     ax.set_title("GradScaler: the scale each step used", fontsize="medium")
     ax.legend(fontsize="small")
     return fig
+
+
+# -- where underflow starts -------------------------------------------------------------------
+
+SETUPS = {"fp16, no scaler": (torch.float16, 1.0), "fp16 + GradScaler (x65536)":
+          (torch.float16, 65536.0), "bf16, no scaler": (torch.bfloat16, 1.0)}
+
+
+def underflow_sweep(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    weights: list[float]) -> dict[float, dict[str, torch.Tensor]]:
+    """Per loss weight w, the fp32 gradient magnitudes of w * MSE and, per setup of SETUPS,
+    those of one autocast backward (scaled, then unscaled in fp32, as GradScaler does)."""
+    grid = {}
+    for w in weights:
+        grid[w] = {"fp32": _grads(model, x, y, w, None, 1.0)}
+        for name, (dtype, scale) in SETUPS.items():
+            grid[w][name] = _grads(model, x, y, w, dtype, scale)
+    return grid
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, weight: float,
+           dtype: torch.dtype | None, scale: float) -> torch.Tensor:
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        loss = weight * torch.nn.functional.mse_loss(model(x), y)
+    (loss * scale).backward()
+    grads = magnitudes(model) / scale
+    model.zero_grad()
+    return grads
+
+
+def plot_underflow(grid: dict[float, dict[str, torch.Tensor]]):
+    """Share of non-zero gradients against the loss weight, one line per setup."""
+    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure
+
+    fig = new_figure(7, 3.2)
+    ax = fig.subplots()
+    weights = sorted(grid)
+    for i, name in enumerate(["fp32", *SETUPS]):
+        ax.plot(weights, [100 * nonzero_share(grid[w][name]) for w in weights], label=name,
+                color=RANK_COLORS[i], linestyle=LINESTYLES[i], marker=MARKERS[i])
+    ax.set_xscale("log")
+    ax.set_xlabel("loss weight w (loss = w × MSE)")
+    ax.set_ylabel("% of gradients non-zero")
+    ax.set_title("Where fp16 gradients start to vanish", fontsize="medium")
+    ax.legend(fontsize="small")
+    return fig
+
+
+def underflow_explorer(grid: dict[float, dict[str, torch.Tensor]]):
+    """plot_underflow(grid), then a slider over the loss weights that draws that weight's
+    histograms from the cached sweep (moving it computes nothing)."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    display(plot_underflow(grid))
+    weights = sorted(grid)
+    slider = widgets.SelectionSlider(options=[(f"{w:.0e}", w) for w in weights],
+                                     value=weights[len(weights) // 2], description="loss weight")
+    out = widgets.Output()
+
+    def redraw(_: object = None) -> None:
+        with out:
+            out.clear_output(wait=True)
+            display(plot_grad_histograms({name: [g] for name, g in grid[slider.value].items()
+                                          if name != "bf16, no scaler"}))
+
+    slider.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([slider, out])
