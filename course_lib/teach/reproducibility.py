@@ -45,11 +45,12 @@ def plot_checksums(rows: Mapping[str, list[str]],
     runs = max(len(v) for v in rows.values())
     fig = new_figure(3.2 + 1.25 * runs, 0.5 * len(rows) + 0.9)
     ax = fig.add_subplot()
-    palette = (GREEN, VERMILLION, BLUE, ORANGE, PURPLE, SKY)
+    palette = (VERMILLION, BLUE, ORANGE, PURPLE, SKY)  # green is kept for "identical"
     for y, sums in enumerate(rows.values()):
         first_seen = list(dict.fromkeys(sums))
         for x, value in enumerate(sums):
-            colour = palette[first_seen.index(value) % len(palette)]
+            colour = (GREEN if len(first_seen) == 1
+                      else palette[first_seen.index(value) % len(palette)])
             ax.add_patch(plt.Rectangle((x + 0.04, -y - 0.42), 0.92, 0.84, color=colour, alpha=0.35))
             ax.text(x + 0.5, -y, value, ha="center", va="center", family="monospace", fontsize=9)
         verdict = "identical" if len(first_seen) == 1 else f"{len(first_seen)} different"
