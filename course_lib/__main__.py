@@ -16,6 +16,9 @@ COMMANDS = {
                  "the pitfall coverage table of the lessons, or write it into README.md"),
     "exercises": ("course_lib.authoring.exercises",
                   "generate exercises/ from solutions/ (build), or check it is fresh"),
+    "map": ("course_lib.authoring.course_map",
+            "the course map (symptom -> pitfall -> lesson), or write it and the instructor "
+            "guide's lesson table into docs/"),
     "run-times": ("course_lib.authoring.run_times",
                   "write each notebook's measured time (from a test run) into the README"),
 }
