@@ -55,7 +55,8 @@ SETTINGS = {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
 
 
 def lab_env(home: Path) -> dict[str, str]:
-    """Private config, data, runtime and settings folders; the news pop-up switched off."""
+    """Private config, data, runtime and settings folders; the news pop-up switched off;
+    the kernel's environment as a learner's."""
     labconfig = home / "config" / "labconfig"
     labconfig.mkdir(parents=True)
     (labconfig / "page_config.json").write_text(json.dumps(
@@ -64,7 +65,10 @@ def lab_env(home: Path) -> dict[str, str]:
         settings = home / "settings" / f"{plugin}.jupyterlab-settings"
         settings.parent.mkdir(parents=True, exist_ok=True)
         settings.write_text(json.dumps(values))
-    return {**os.environ, "JUPYTER_CONFIG_DIR": str(home / "config"),
+    # No MPLBACKEND from the caller's shell: a learner's kernel has the inline backend, which
+    # puts each figure into the page (with Agg none would be drawn, and none be missed).
+    env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
+    return {**env, "JUPYTER_CONFIG_DIR": str(home / "config"),
             "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
 
 
