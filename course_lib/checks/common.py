@@ -166,6 +166,8 @@ def run_check(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
             result = CheckResult(check, True, judge())
         except Rejected as rejected:
             result = CheckResult(check, False, str(rejected))
+        except NotImplementedError as stub:  # raised afresh: the traceback a learner sees
+            raise NotImplementedError(str(stub)) from None  # ends here, not in our machinery
     result.show()
     return result
 
