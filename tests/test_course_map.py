@@ -3,6 +3,7 @@ built from the lessons and the registry, new lessons picked up without an edit, 
 committed pages never stale."""
 
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -89,6 +90,26 @@ def test_a_new_lesson_appears_in_both_pages_without_an_edit(tmp_path):
     assert guide.startswith("intro\n") and guide.endswith(f"{course_map.END}\nend\n")
     assert "[12 · Reproducibility](../notebooks/12_repro.ipynb)" in \
         (tmp_path / course_map.MAP).read_text()
+
+
+def test_a_lesson_without_its_exercise_yet_links_none(tmp_path):
+    two_lessons(tmp_path)
+    (tmp_path / "exercises").mkdir()
+    nbformat.write(new_notebook(), tmp_path / "exercises" / "03_data.ipynb")
+    page = course_map.map_page(course_map.lessons(tmp_path))
+    assert "| [03](../exercises/03_data.ipynb) |" in page
+    assert "10_hangs.ipynb) | P20: " in page and "| no exercise yet |" in page
+
+
+@pytest.mark.parametrize("page", [course_map.MAP, course_map.GUIDE, Path("docs/hosting.md"),
+                                  Path("docs/pre-workshop-email.md")], ids=str)
+def test_every_relative_link_in_the_workshop_pages_resolves(page):
+    text = (ROOT / page).read_text()
+    targets = re.findall(r"\]\(([^)#:]+)\)", text)  # no ':' leaves out https:// links
+    if page in (course_map.MAP, course_map.GUIDE):
+        assert any(t.startswith("../notebooks/") for t in targets), page
+    missing = [t for t in targets if not (ROOT / "docs" / t).resolve().exists()]
+    assert missing == [], f"{page} links to missing files: {missing}"
 
 
 def test_guide_block_gives_measured_times_or_says_they_are_missing(tmp_path):

@@ -35,17 +35,23 @@ LEARN = re.compile(r"\*\*You will learn\*\*\s*\n((?:- .*\n?)+)")
 
 @dataclass(frozen=True)
 class Lesson:
-    """A lesson notebook as the map needs it: `stem` is its file name without .ipynb."""
+    """A lesson notebook as the map needs it: `stem` is its file name without .ipynb, and
+    `exercise` whether exercises/ holds its exercise yet."""
 
     number: str
     stem: str
     title: str
     objectives: tuple[str, ...]
     cells: tuple[PitfallCell, ...]
+    exercise: bool
 
     def link(self, folder: str = "notebooks") -> str:
         """The notebook's path relative to docs/, where the generated pages live."""
         return f"../{folder}/{self.stem}.ipynb"
+
+    def exercise_link(self, text: str) -> str:
+        """A markdown link to the exercise, or 'none yet'."""
+        return f"[{text}]({self.link('exercises')})" if self.exercise else "no exercise yet"
 
 
 def read_lesson(path: Path) -> Lesson:
@@ -58,8 +64,9 @@ def read_lesson(path: Path) -> Lesson:
     learn = LEARN.search(opening)
     objectives = [line[2:].strip() for line in learn.group(1).splitlines()] if learn else []
     cells, _ = read_cells(nb)  # metadata problems are the gate's and coverage's to report
+    exercise = (path.parent.parent / "exercises" / path.name).exists()
     return Lesson(heading.group(1), path.stem, heading.group(2).strip(), tuple(objectives),
-                  tuple(cells))
+                  tuple(cells), exercise)
 
 
 def lessons(root: Path = Path(".")) -> list[Lesson]:
@@ -95,7 +102,7 @@ def map_page(all_lessons: list[Lesson]) -> str:
            "Find what you see, then open the lesson. Quoted text is the error the lesson's "
            "cells really raise: search this page for a fragment of your own error message. "
            "\"measured\" means the lesson measures the symptom on real ranks and shows it. "
-           "Every lesson's own exercise is next to it in [exercises/](../exercises/).", ""]
+           "Every lesson's own exercise is next to it in [exercises/](../exercises).", ""]
     pitfalls = [p for p in PITFALLS.values() if p.id not in SAME_AS]
     for kind, heading in KINDS.items():
         out += [f"## {heading}", "", "| what you see | pitfall | lessons | what the lesson shows |",
@@ -114,7 +121,7 @@ def map_page(all_lessons: list[Lesson]) -> str:
         names = "; ".join(f"{pid}: {PITFALLS[pid].symptom or PITFALLS[pid].title}"
                           for pid in ids) or "(none: the lesson's groundwork)"
         out.append(f"| [{lesson.number} · {lesson.title}]({lesson.link()}) | {names} | "
-                   f"[{lesson.number}]({lesson.link('exercises')}) |")
+                   f"{lesson.exercise_link(lesson.number)} |")
     return "\n".join(out) + "\n"
 
 
@@ -135,7 +142,7 @@ def guide_block(all_lessons: list[Lesson], times: dict[str, float]) -> str:
     for lesson in all_lessons:
         ids = ", ".join(dict.fromkeys(c.pitfall for c in lesson.cells)) or "none"
         out += [f"### {lesson.number} · {lesson.title}", "",
-                f"[lesson]({lesson.link()}) · [exercise]({lesson.link('exercises')}) · "
+                f"[lesson]({lesson.link()}) · {lesson.exercise_link('exercise')} · "
                 f"Run All: {run_time(lesson, times)} · pitfalls: {ids}", "",
                 "Learning objectives (the lesson's \"You will learn\"):", ""]
         out += [f"- {goal}" for goal in lesson.objectives] or ["- (no objectives listed)"]
