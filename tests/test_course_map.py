@@ -4,6 +4,8 @@ committed pages never stale."""
 
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -153,3 +155,14 @@ def test_committed_pages_are_up_to_date():
     block = course_map.guide_block(all_lessons, course_map.run_times(ROOT))
     assert guide == replace_block(guide, block, course_map.START, course_map.END), \
         f"the lessons block of {course_map.GUIDE} {stale}"
+
+
+def test_the_map_command_never_imports_torch():
+    code = ("import contextlib, io, sys\n"
+            "from course_lib.__main__ import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    assert main(['map']) == 0\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
