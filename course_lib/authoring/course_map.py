@@ -137,8 +137,9 @@ def guide_block(all_lessons: list[Lesson], times: dict[str, float]) -> str:
     out = [f"{len(all_lessons)} lessons. " + (
         f"Run All of every lesson notebook, back to back: {total:.0f} s under nbmake on the "
         "2-core CI machine (docs/run_times.json)." if times else
-        "Run times: not measured yet (they appear here once `python -m course_lib run-times "
-        "--write` has written docs/run_times.json)."), ""]
+        "Run times: not measured yet (they appear here when `python -m course_lib run-times "
+        "--write` has written docs/run_times.json and `python -m course_lib map --write` "
+        "has run)."), ""]
     for lesson in all_lessons:
         ids = ", ".join(dict.fromkeys(c.pitfall for c in lesson.cells)) or "none"
         out += [f"### {lesson.number} · {lesson.title}", "",
