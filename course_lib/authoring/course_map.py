@@ -27,7 +27,7 @@ from course_lib.protocol import ERROR
 
 MAP = Path("docs/course-map.md")
 GUIDE = Path("docs/instructors.md")
-TIMES = Path("docs/run_times.json")  # written by `python -m course_lib run-times`
+TIMES = Path("docs/run_times.json")  # written by `python -m course_lib run-times` (run_times.py)
 START, END = "<!-- lessons:start -->", "<!-- lessons:end -->"
 HEADING = re.compile(r"^#\s+(\d+)\s*·\s*(.+)$", re.MULTILINE)  # "# 03 · Data sharding"
 LEARN = re.compile(r"\*\*You will learn\*\*\s*\n((?:- .*\n?)+)")

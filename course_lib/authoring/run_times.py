@@ -4,7 +4,8 @@ docs/run_times.json, in a README table, and in each lesson's opening line "Run t
     scripts/test                                    # writes artifacts/junit.xml
     python -m course_lib run-times --write artifacts/junit.xml
 
-A test (tests/test_run_times.py) fails when the three disagree or a notebook is missing."""
+It also rewrites the course map and instructor guide, which quote the same times. A test
+(tests/test_run_times.py) fails when these disagree or a notebook is missing."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import nbformat
 
+from course_lib.authoring import course_map
 from course_lib.authoring.readme_blocks import replace_block
 
 FOLDERS = ("notebooks", "solutions", "exercises")
-TIMES = Path("docs/run_times.json")
+TIMES = course_map.TIMES  # one file, which the course map reads too
 START, END = "<!-- run-times:start -->", "<!-- run-times:end -->"
 # The lesson's opening cell states its time on a line of its own, e.g.
 # "**Run time:** about 40 s on a 2-core laptop (measured in CI, see README)."
@@ -54,8 +56,9 @@ def table(times: dict[str, float]) -> str:
 
 
 def header_line(seconds: float) -> str:
-    return (f"**Run time:** about {_round(seconds)} s for Run All on a 2-core CPU "
-            "(measured under nbmake in CI; see the README's run-time table).")
+    return (f"**Run time:** about {_round(seconds)} s on a 2-core CPU (the whole notebook "
+            "under nbmake in CI; Run All in JupyterLab takes a little longer; see the README's "
+            "run-time table).")
 
 
 def _s(seconds: float | None) -> str:
@@ -75,6 +78,7 @@ def write(times: dict[str, float], root: Path = Path(".")) -> None:
     for name, seconds in times.items():
         if name.startswith("notebooks/"):
             set_header(root / name, seconds)
+    course_map.write(root)  # the instructor guide quotes the same times
 
 
 def set_header(path: Path, seconds: float) -> None:
