@@ -197,6 +197,25 @@ def state_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
+def flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
+    """Every parameter's gradient (zeros where there is none) in one float64 vector."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                      for p in params]).detach().double().clone()
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD that keeps the gradient it steps with, so a check sees what the learner's loop
+    handed the optimizer at each step (and how many steps it took)."""
+
+    def __init__(self, params: Any, lr: float) -> None:
+        super().__init__(params, lr=lr)
+        self.seen: list[torch.Tensor] = []
+
+    def step(self, closure: Any = None) -> Any:
+        self.seen.append(flat_grad([p for g in self.param_groups for p in g["params"]]))
+        return super().step(closure)
+
+
 def listing(items: Iterable[Any]) -> str:
     """'2', '2 and 3', '2, 3 and 4': world sizes or ranks in a sentence."""
     words = [str(x) for x in items]

@@ -15,10 +15,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from course_lib.checks import collectives
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
+    RecordingSGD,
     Rejected,
     at_world_sizes,
     close,
     differing,
+    flat_grad,
     listing,
     run_check,
     same,
@@ -59,23 +61,6 @@ def micro_batches(step: int, rank: int, world_size: int,
     return list(zip(x[part].split(list(sizes)), y[part].split(list(sizes))))
 
 
-def _flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
-                      for p in params]).detach().clone()
-
-
-class _RecordingSGD(torch.optim.SGD):
-    """SGD that keeps the gradients it steps with, and counts its steps."""
-
-    def __init__(self, params: Any, lr: float) -> None:
-        super().__init__(params, lr=lr)
-        self.seen: list[torch.Tensor] = []
-
-    def step(self, closure: Any = None) -> Any:
-        self.seen.append(_flat_grad([p for g in self.param_groups for p in g["params"]]))
-        return super().step(closure)
-
-
 @contextmanager
 def _watched_no_sync(model: DDP, entries: list[int]):
     """Count the learner's `with model.no_sync():` entries (instance attribute over the
@@ -99,7 +84,7 @@ def _train_on_rank(fn: Callable, sizes: tuple[int, ...]) -> dict[str, Any]:
     """fn(model, optimizer, micro_batches) for STEPS steps; per step what it did."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = DDP(make_model())
-    optimizer = _RecordingSGD(model.parameters(), lr=LR)
+    optimizer = RecordingSGD(model.parameters(), lr=LR)
     rec = Recorder()
     rec.watch_ddp(model, grads=False)  # one row per bucket all-reduce DDP makes
     synced_forwards: list[bool] = []
@@ -117,7 +102,7 @@ def _train_on_rank(fn: Callable, sizes: tuple[int, ...]) -> dict[str, Any]:
         steps.append({
             "optimizer_steps": len(optimizer.seen) - before,
             "grads": optimizer.seen[before:],
-            "left_grad": float(_flat_grad(params).abs().max()),
+            "left_grad": float(flat_grad(params).abs().max()),
             "forwards": len(synced_forwards),
             "synced_forwards": sum(synced_forwards),
             "no_sync_entries": len(entries),
@@ -138,7 +123,7 @@ def _weighted_grad(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     """The gradient of sum_j weights_j * (model(x_j) - y_j)^2 at the model's weights."""
     model.zero_grad()
     ((model(x) - y).squeeze(1).square() * weights).sum().backward()
-    grad = _flat_grad(list(model.parameters()))
+    grad = flat_grad(list(model.parameters()))
     model.zero_grad()
     return grad
 
@@ -172,7 +157,7 @@ def reference(world_size: int, sizes: tuple[int, ...]) -> dict[str, Any]:
             wrong = {rule: _weighted_grad(model, x, y, sample_weights(world_size, sizes, rule))
                      for rule in RULES}
         nn.functional.mse_loss(model(x), y).backward()
-        grads.append(_flat_grad(list(model.parameters())))
+        grads.append(flat_grad(list(model.parameters())))
         optimizer.step()
         optimizer.zero_grad()
         weights.append(state_snapshot(model))

@@ -14,8 +14,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
+    RecordingSGD,
     Rejected,
     at_world_sizes,
+    flat_grad,
     listing,
     run_check,
     state_snapshot,
@@ -70,23 +72,6 @@ def micro_batches(step: int, rank: int, world_size: int) -> list[tuple[torch.Ten
     return list(zip(x[part].split(MICRO), y[part].split(MICRO)))
 
 
-def _flat_grad(params: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
-                      for p in params]).detach().double().clone()
-
-
-class _RecordingSGD(torch.optim.SGD):
-    """SGD that keeps the gradients it steps with."""
-
-    def __init__(self, params: Any, lr: float) -> None:
-        super().__init__(params, lr=lr)
-        self.seen: list[torch.Tensor] = []
-
-    def step(self, closure: Any = None) -> Any:
-        self.seen.append(_flat_grad([p for g in self.param_groups for p in g["params"]]))
-        return super().step(closure)
-
-
 class SpyScaler(torch.amp.GradScaler):
     """A GradScaler that records the learner's calls in order (not the unscale_ that step()
     makes itself when the learner did not call it)."""
@@ -122,7 +107,7 @@ def _train_on_rank(fn: Callable, max_norm: float) -> dict[str, Any]:
     """fn(model, optimizer, scaler, micro_batches, max_norm) for STEPS steps; what it did."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     model = DDP(TinyLossModel())
-    optimizer = _RecordingSGD(model.parameters(), lr=0.1)
+    optimizer = RecordingSGD(model.parameters(), lr=0.1)
     scaler = SpyScaler()
     rec = Recorder()
     rec.watch_ddp(model, grads=False)  # one row per bucket all-reduce DDP makes
@@ -134,7 +119,7 @@ def _train_on_rank(fn: Callable, max_norm: float) -> dict[str, Any]:
             fn(model, optimizer, scaler, micro_batches(step, rank, world_size), max_norm)
         steps.append({"weights": weights, "grads": optimizer.seen[before:],
                       "calls": scaler.calls[calls:],
-                      "left_grad": float(_flat_grad(list(model.parameters())).abs().max())})
+                      "left_grad": float(flat_grad(list(model.parameters())).abs().max())})
     comms = rec.telemetry().comms
     for step, record in enumerate(steps):
         record["allreduces"] = int((comms["step"] == step).sum())
@@ -153,7 +138,7 @@ def reference_grad(weights: dict[str, torch.Tensor], step: int, world_size: int,
     model(x, y).backward()
     if max_norm is not None:
         nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return _flat_grad(list(model.parameters()))
+    return flat_grad(list(model.parameters()))
 
 
 def max_norm_for(world_size: int) -> float:
