@@ -25,7 +25,7 @@ from course_lib.launching.rank_main import WorkerSpec, run_worker
 
 # What the forkserver imports once, so that no rank imports it again. The rank's own code,
 # then what a first training step would import lazily: DDP's constructor and every optimizer
-# import torch._dynamo (1.1-1.7 s of CPU per rank, measured with benchmarks/launch.py);
+# import torch._dynamo (1.1-1.7 s of CPU per rank, measured in a rank on the 2-core machine);
 # the profiler, DataLoader and the course's recorder are the lessons' other tools.
 PRELOAD = [
     "course_lib.launching.rank_main",
