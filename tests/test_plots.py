@@ -239,3 +239,28 @@ def test_batchnorm_explorer_offers_layers_and_channels(monkeypatch):
     assert len(toggles.children) == 2 and isinstance(shown[0], Figure)
     channel.value = 1  # draws channel 1 into the output widget
     assert len(shown) == 2 and "channel 1" in shown[1]._suptitle.get_text()
+
+
+def test_timeline_draws_only_the_ranks_asked_for():
+    tel = telemetry.Telemetry.from_payloads([_timeline_rows(0, 0.0), _timeline_rows(1, 0.05)])
+    labels = [t.get_text() for t in plots.timeline(tel, ranks=[1]).axes[0].get_yticklabels()]
+    assert labels == ["rank 1 compute", "rank 1 communication"]
+    with pytest.raises(ValueError, match="switch at least one rank on"):
+        plots.timeline(tel, ranks=[])
+
+
+def test_timeline_explorer_redraws_the_chosen_run_step_and_ranks(monkeypatch):
+    from course_lib.plots import explore
+
+    tel = telemetry.Telemetry.from_payloads([_timeline_rows(0, 0.0), _timeline_rows(1, 0.05)])
+    other = telemetry.Telemetry.from_payloads([_timeline_rows(0, 0.0), _timeline_rows(1, 0.0)])
+    drawn = []
+    monkeypatch.setattr(explore, "timeline",
+                        lambda t, steps, ranks=None: drawn.append((t, steps, ranks)) or "figure")
+    monkeypatch.setattr(explore, "display", lambda fig: None)
+    controls, toggles, _ = explore.timeline_explorer({"a": tel, "b": other}).children
+    run, step = controls.children
+    assert drawn == [(tel, [0], None)]  # the static figure: the first run's last step
+    run.value = "b"
+    toggles.children[0].value = False
+    assert drawn[1:] == [(other, [0], [0, 1]), (other, [0], [1])]

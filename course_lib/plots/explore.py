@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 
 from course_lib.plots.batchnorm import batchnorm
 from course_lib.plots.grads import gradients
+from course_lib.plots.timeline import timeline
 from course_lib.telemetry import Telemetry
 
 
@@ -33,6 +34,18 @@ def batchnorm_explorer(tel: Telemetry) -> widgets.Widget:
     return explorer(lambda layer, channel, ranks: batchnorm(tel, layer, channel, ranks),
                     tel.ranks, layer=widgets.Dropdown(options=layers, description="layer"),
                     channel=widgets.IntSlider(0, 0, channels - 1, description="channel"))
+
+
+def timeline_explorer(runs: dict[str, Telemetry]) -> widgets.Widget:
+    """timeline() of several runs, with a run menu, a step slider and rank toggles."""
+    names = list(runs)
+    steps = runs[names[0]].spans.unique("step")
+    display(timeline(runs[names[0]], steps=[steps[-1]]))
+    return explorer(lambda run, step, ranks: timeline(runs[run], [step], ranks),
+                    runs[names[0]].ranks,
+                    run=widgets.Dropdown(options=names, description="run"),
+                    step=widgets.SelectionSlider(options=steps, value=steps[-1],
+                                                 description="step"))
 
 
 def explorer(draw: Callable[..., Figure], ranks: list[int],

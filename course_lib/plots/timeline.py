@@ -28,21 +28,26 @@ OTHERS = ((PURPLE, "++"), ("#999999", "oo"), ("#FFFFFF", "\\\\"))
 LANE_HEIGHT = 0.8
 
 
-def timeline(tel: Telemetry, steps: Iterable[int] | None = None) -> Figure:
-    """Per rank, a compute lane (spans, idle gaps) and a communication lane (collectives)."""
+def timeline(tel: Telemetry, steps: Iterable[int] | None = None,
+             ranks: Iterable[int] | None = None) -> Figure:
+    """Per rank, a compute lane (spans, idle gaps) and a communication lane (collectives);
+    only the given steps and ranks when they are given."""
     require(len(tel.spans) + len(tel.comms), "spans or all-reduces",
             "use rec.span(...), rec.step(...) or rec.watch_ddp(model)")
     spans, comms = tel.spans, tel.comms
     if steps is not None:
         keep = list(steps)
         spans, comms = _only(spans, keep), _only(comms, keep)
+    shown = list(tel.ranks if ranks is None else ranks)
+    if not shown:
+        raise ValueError("no rank to draw: switch at least one rank on")
     t0 = min(np.min(t["start"], initial=np.inf) for t in (spans, comms))
     t1 = max(np.max(t["end"], initial=-np.inf) for t in (spans, comms))
     styles = _styles(spans, comms)
-    fig = new_figure(12, 1.2 + 1.1 * len(tel.ranks))
+    fig = new_figure(12, 1.2 + 1.1 * len(shown))
     ax = fig.subplots()
     labels = []
-    for i, rank in enumerate(tel.ranks):
+    for i, rank in enumerate(shown):
         compute_y, comm_y = -2 * i, -2 * i - 1
         _compute_lane(ax, spans.where(rank=rank), compute_y, t0, styles)
         _comm_lane(ax, comms.where(rank=rank), comm_y, t0, styles, (t1 - t0) / 40)
