@@ -33,3 +33,48 @@ def test_pictures_draw():
     assert len(fig.axes) == 1
     fig = plot_world_size_gaps({2: 4e-8, 4: 5e-8}, 0.0, steps=4)
     assert len(fig.axes[0].patches) == 3
+
+
+def test_seeding_seeds_only_what_it_is_told():
+    import random
+
+    import numpy as np
+
+    from course_lib.teach.reproducibility import seeding
+
+    def draws():
+        return torch.rand(1).item(), random.random(), np.random.rand()
+
+    try:
+        seeding(seed_torch=True, seed_numpy=True, deterministic=True)(1)
+        first = draws()
+        assert torch.are_deterministic_algorithms_enabled()
+        seeding(seed_torch=True, seed_numpy=True)(1)
+        second = draws()
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert first[0] == second[0] and first[2] == second[2]  # seeded: torch, NumPy
+    assert first[1] != second[1]  # random was left alone
+
+
+def test_seeding_explorer_adds_a_row_per_press(monkeypatch):
+    from course_lib.teach import reproducibility
+
+    calls, shown = [], []
+    monkeypatch.setattr(reproducibility, "plot_checksums", lambda rows: shown.append(dict(rows)))
+    monkeypatch.setattr("IPython.display.display", lambda fig: None)
+
+    def checksums(runs, setup, num_workers):
+        calls.append((runs, num_workers))
+        return ["aaa", "bbb"]
+
+    box = reproducibility.seeding_explorer(checksums, {"as written": ["x", "y", "z"]})
+    switches = box.children[0].children
+    workers, button = box.children[1].children
+    switches[0].value = True  # seed torch
+    workers.value = 0
+    button.click()
+    assert calls == [(2, 0)]
+    assert shown[0] == {"as written": ["x", "y", "z"]}  # the static figure first
+    assert shown[1]["seed torch; 0 workers"] == ["aaa", "bbb"]

@@ -4,9 +4,11 @@ largest difference between two sets of weights, and pictures of both."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import random
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
 # float32's machine epsilon: the gap between 1.0 and the next float32, the size of one
@@ -90,3 +92,52 @@ def plot_world_size_gaps(gaps: Mapping[int, float], repeat_gap: float, steps: in
     ax.set_ylabel("largest |difference|\n/ largest |weight|")
     ax.set_title(f"Final weights after {steps} steps on the same global batches", fontsize=10)
     return fig
+
+
+# the switches of seeding_explorer: label -> what seeding() is told
+SEED_SWITCHES = {"seed torch": "seed_torch", "seed random": "seed_random",
+                 "seed NumPy": "seed_numpy", "deterministic algorithms": "deterministic"}
+
+
+def seeding(seed_torch: bool = False, seed_random: bool = False, seed_numpy: bool = False,
+            deterministic: bool = False, base_seed: int = 1234) -> Callable[[int], None]:
+    """A per-rank setup that seeds only what it is told to, with base_seed + rank."""
+    def setup(rank: int) -> None:
+        if seed_torch:
+            torch.manual_seed(base_seed + rank)
+        if seed_random:
+            random.seed(base_seed + rank)
+        if seed_numpy:
+            np.random.seed(base_seed + rank)
+        torch.use_deterministic_algorithms(deterministic)
+    return setup
+
+
+def seeding_explorer(checksums: Callable[..., list[str]],
+                     table: Mapping[str, list[str]]) -> Any:
+    """Tick what to seed, choose DataLoader workers, press the button: two launches with that
+    setup are added as a row under the table's rows (shown first, as a static figure)."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    rows = dict(table)
+    display(plot_checksums(rows))
+    boxes = {label: widgets.Checkbox(value=False, description=label) for label in SEED_SWITCHES}
+    workers = widgets.Dropdown(options=[0, 2], value=2, description="workers")
+    button = widgets.Button(description="run twice")
+    out = widgets.Output()
+
+    def run(_: object = None) -> None:
+        ticked = [label for label, box in boxes.items() if box.value]
+        setup = seeding(**{SEED_SWITCHES[label]: True for label in ticked})
+        label = f"{', '.join(ticked) or 'nothing seeded'}; {workers.value} workers"
+        button.description = "running..."
+        rows[label] = checksums(2, setup=setup, num_workers=workers.value)
+        button.description = "run twice"
+        with out:
+            out.clear_output(wait=True)
+            display(plot_checksums(rows))
+
+    button.on_click(run)
+    return widgets.VBox([widgets.HBox(list(boxes.values())),
+                         widgets.HBox([workers, button]), out])
