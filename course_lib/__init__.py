@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from course_lib.launching import DistributedError, Run, launch
     from course_lib.launching.devices import rank_device
     from course_lib.teach.observe import observe
+    from course_lib.xray import xray
 
 # public name -> the module that defines it
 _HOMES = {
@@ -22,9 +23,10 @@ _HOMES = {
     "Run": "course_lib.launching",
     "rank_device": "course_lib.launching.devices",
     "observe": "course_lib.teach.observe",
+    "xray": "course_lib.xray",
 }
 
-__all__ = ["launch", "DistributedError", "Run", "observe", "rank_device"]  # = _HOMES
+__all__ = ["launch", "DistributedError", "Run", "observe", "rank_device", "xray"]  # = _HOMES
 
 
 def __getattr__(name: str) -> Any:

@@ -19,6 +19,8 @@ COMMANDS = {
     "map": ("course_lib.authoring.course_map",
             "the course map (symptom -> pitfall -> lesson), or write it and the instructor "
             "guide's lesson table into docs/"),
+    "xray": ("course_lib.xray.cli",
+             "run a DDP training script on N ranks and report the pitfalls it shows"),
     "run-times": ("course_lib.authoring.run_times",
                   "write each notebook's measured time (from a test run) into the README"),
 }

@@ -1,0 +1,43 @@
+"""X-ray: run a learner's own DDP training code and tell which of the course's pitfalls it
+has, with evidence from the run, where in the code, and the lesson to read.
+
+    report = xray(train, world_size=2)            # a notebook function (as for launch)
+    python -m course_lib xray --nproc-per-node 2 train.py [args]   # a torchrun-style script
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from course_lib.xray.report import Finding, Report, finding
+
+__all__ = ["xray", "Report", "Finding", "finding"]
+
+PG_TIMEOUT_S = 10.0  # a hang ends this soon after its collective began (at most timeout - 1)
+
+
+def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 60.0,
+         title: str = "", **launch_kwargs: Any) -> Report:
+    """Run train_fn on `world_size` ranks (course_lib.launch, same arguments) with the
+    x-ray's probes installed, and return its Report. `report.run` holds the Run (or the
+    failed launch's partial Run), `report.failure` the DistributedError or None."""
+    from course_lib.launching import DistributedError, launch
+    from course_lib.xray.detectors import run_all
+    from course_lib.xray.observation import Observation
+    from course_lib.xray.worker import observed
+
+    launch_kwargs.setdefault("pg_timeout", max(1.0, min(PG_TIMEOUT_S, timeout - 1.0)))
+    title = title or f"X-ray of {getattr(train_fn, '__name__', 'the function')} on " \
+                     f"{world_size} ranks"
+    error, run = None, None
+    try:
+        run = launch(functools.partial(observed, train_fn), world_size, timeout=timeout,
+                     **launch_kwargs)
+    except DistributedError as exc:
+        error, run = exc, exc.run
+    obs = Observation.from_run(world_size, run, error, script=title)
+    report = run_all(obs, error_text=str(error) if error else "", title=title)
+    report.run, report.failure = run, error
+    return report

@@ -1,0 +1,50 @@
+"""Detectors: each judges one area of an Observation and returns its Findings.
+
+Each module has detect(obs) -> list[Finding], CHECKS (the ids it can judge) and optionally
+not_checked(obs) -> list[str] ("P12: no checkpoint was saved").
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from course_lib.authoring.pitfalls import PITFALLS
+from course_lib.xray.observation import Observation
+from course_lib.xray.report import Report
+
+DETECTORS = ["data", "output", "desync", "model", "checkpoint", "amp"]
+
+# A finding that explains another's symptom: the second is left out when the first is there
+# (uneven batches end in a hang that the desync report shows as ranks on different paths).
+EXPLAINS = {"P20": {"S1"}}
+
+
+def modules() -> list[ModuleType]:
+    """The detector modules that exist."""
+    found = []
+    for name in DETECTORS:
+        try:
+            found.append(importlib.import_module(f"course_lib.xray.detectors.{name}"))
+        except ModuleNotFoundError as exc:
+            if exc.name != f"course_lib.xray.detectors.{name}":
+                raise
+    return found
+
+
+def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Report:
+    """Every detector's findings on `obs`, with what was checked and what was not."""
+    findings, not_checked, checks = [], [], []
+    for module in modules():
+        findings += module.detect(obs)
+        checks += module.CHECKS
+        if hasattr(module, "not_checked"):
+            not_checked += module.not_checked(obs)
+    ids = {f.id for f in findings}
+    hidden = set().union(*(EXPLAINS.get(i, set()) for i in ids))
+    findings = [f for f in findings if f.id not in hidden]
+    unjudged = {line.split(":", 1)[0] for line in not_checked}
+    checked = [f"{pid} {PITFALLS[pid].title}" for pid in checks
+               if pid not in unjudged and pid not in ids]
+    return Report(findings=findings, checked=checked, not_checked=not_checked,
+                  error=error_text, title=title)

@@ -1,0 +1,269 @@
+"""Detector: data pitfalls from the data probe's passes (P03, P04, P18, P20, X1, X2)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from course_lib.xray.observation import Observation
+from course_lib.xray.report import Finding, finding
+
+CHECKS = ["P03", "P04", "P18", "P20", "X1", "X2"]
+SAME_SHARE = 0.5  # ranks that share at least this fraction of their samples read the same data
+COLLECTIVES_THAT_COMBINE = {"all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
+                            "gather", "all_gather_object", "gather_object",
+                            "reduce_scatter", "reduce_scatter_tensor"}
+
+Pass = dict[str, Any]
+
+
+def detect(obs: Observation) -> list[Finding]:
+    """Every data finding this run shows."""
+    groups = _groups(obs)
+    return [*_p18(obs), *_p03(obs, groups), *_p04(obs), *_p20(obs, groups),
+            *_x1(obs, groups), *_x2(obs, groups)]
+
+
+def not_checked(obs: Observation) -> list[str]:
+    """The data pitfalls this run gave no evidence on either way."""
+    passes = [p for _, p in obs.of("pass")]
+    out = []
+    if not obs.of("loader"):
+        out.append("P18: no DataLoader was made")
+    if not any(_training(p) for p in passes):
+        out += [f"{pid}: no training loop over a DataLoader ran" for pid in ("P03", "P04",
+                                                                              "P20")]
+    elif not _repeated_training(obs):
+        out.append("P04: no DataLoader was trained on for two epochs")
+    if obs.world_size < 2:
+        out += [f"{pid}: one rank only" for pid in ("P03", "P20", "X1", "X2")]
+    if not any(_eval(p) for p in passes):
+        out += [f"{pid}: no evaluation loop over a DataLoader ran" for pid in ("X1", "X2")]
+    return list(dict.fromkeys(out))
+
+
+# -- the passes, lined up across ranks --------------------------------------------------------
+
+def _groups(obs: Observation) -> list[dict[int, Pass]]:
+    """Passes by (loader, pass number), each a dict rank -> pass, every rank present."""
+    by_key: dict[tuple, dict[int, Pass]] = defaultdict(dict)
+    for rank, p in obs.of("pass"):
+        by_key[(p["loader"], p["number"])][rank] = p
+    return [g for g in by_key.values() if len(g) == obs.world_size >= 2]
+
+
+def _training(p: Pass) -> bool:
+    return p["backward"] > 0
+
+
+def _eval(p: Pass) -> bool:
+    return p["backward"] == 0 and bool(p["sizes"])
+
+
+def _consumed(p: Pass) -> list[Any]:
+    """The indices of the batches the loop took (a worker may have fetched more)."""
+    return [i for batch in p["indices"][:len(p["sizes"])] for i in batch]
+
+
+def _samples(p: Pass) -> list[float]:
+    return [v for batch in p["fingerprints"] for v in batch]
+
+
+def _line(p: Pass) -> str:
+    """Where the pass's DataLoader was made."""
+    return p["loader"].rsplit("#", 1)[0]
+
+
+def _ranks(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) == 2:
+        return f"rank {ranks[0]} and rank {ranks[1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def _shared(sets: list[set]) -> int:
+    return len(set.intersection(*sets))
+
+
+def _epoch(p: Pass) -> str:
+    return f"epoch {p['number']}" if p["number"] else "the first epoch"
+
+
+# -- P18 ----------------------------------------------------------------------------------------
+
+def _p18(obs: Observation) -> list[Finding]:
+    bad = [(r, e) for r, e in obs.of("loader") if e["shuffle"] and e["sampler"]]
+    if not bad:
+        return []
+    _, e = bad[0]
+    raised = "mutually exclusive with shuffle" in _error_text(obs)
+    what = (" and DataLoader raised 'sampler option is mutually exclusive with shuffle'"
+            if raised else "")
+    return [finding("P18", f"DataLoader(shuffle=True, sampler={e['sampler']}(...)) was made on "
+                           f"{len({r for r, _ in bad})} rank(s){what}", e["where"])]
+
+
+def _error_text(obs: Observation) -> str:
+    return str(obs.error) if obs.error is not None else ""
+
+
+# -- P03 ----------------------------------------------------------------------------------------
+
+def _p03(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
+    for group in groups:
+        passes = [group[r] for r in sorted(group)]
+        if not all(_training(p) for p in passes):
+            continue
+        evidence = _same_samples(passes)
+        if evidence:
+            return [finding("P03", f"{_ranks(list(group))} {evidence} in {_epoch(passes[0])}",
+                            _line(passes[0]))]
+        return []  # judged on the first training pass
+    return []
+
+
+def _same_samples(passes: list[Pass]) -> str:
+    """'read the same 32 samples ...' when the ranks read mostly the same data, else ''."""
+    n = min(len(_consumed(p)) or len(_samples(p)) for p in passes)
+    if n < 2:
+        return ""
+    content = [set(_samples(p)) for p in passes]
+    varied = all(len(c) >= len(_samples(p)) / 2 for c, p in zip(content, passes))
+    same_content = varied and _shared(content) >= SAME_SHARE * min(map(len, content))
+    if all(_consumed(p) for p in passes):
+        indices = [set(_consumed(p)) for p in passes]
+        shared = _shared(indices)
+        if shared < SAME_SHARE * min(map(len, indices)):
+            return ""
+        if varied and not same_content:
+            return ""  # same positions, different data: the dataset itself is sharded
+        size = passes[0]["dataset_len"]
+        of = f" of the dataset's {size}" if size else ""
+        return (f"read the same {shared} sample indices (each read {len(indices[0])}{of}; "
+                f"{passes[0]['sampler']}, no DistributedSampler)")
+    if same_content:
+        return (f"read {_shared(content)} identical samples (compared by their values; "
+                f"each read {len(content[0])})")
+    return ""
+
+
+# -- P04 ----------------------------------------------------------------------------------------
+
+def _repeated_training(obs: Observation) -> dict[tuple[int, str], list[Pass]]:
+    """Per (rank, loader line), its complete training passes, when there are two or more."""
+    runs: dict[tuple[int, str], list[Pass]] = defaultdict(list)
+    for rank, p in obs.of("pass"):
+        if _training(p) and p["done"]:
+            runs[(rank, _line(p))].append(p)
+    return {k: v for k, v in runs.items() if len(v) >= 2}
+
+
+def _p04(obs: Observation) -> list[Finding]:
+    repeated: dict[str, dict[int, list[Pass]]] = defaultdict(dict)
+    for (rank, line), passes in _repeated_training(obs).items():
+        repeated[line][rank] = passes
+    for line, by_rank in repeated.items():
+        first = next(iter(by_rank.values()))
+        shuffled = [p for p in first if p["distributed"] and p["distributed"]["shuffle"]]
+        if len(shuffled) < 2 or len(_consumed(shuffled[0])) < 4:
+            continue
+        if all(_consumed(p) == _consumed(ps[0]) for ps in by_rank.values() for p in ps):
+            epochs = sorted({p["distributed"]["epoch"] for p in first})
+            calls = sum(1 for _, e in obs.of("set_epoch"))
+            why = ("set_epoch() was never called" if not calls else
+                   f"the sampler's epoch was {epochs[0]} at the start of every pass")
+            n = len(_consumed(first[0]))
+            return [finding("P04", f"every rank read its {n} samples in the same order in "
+                                   f"all {len(first)} epochs (DistributedSampler(shuffle=True); "
+                                   f"{why})", line)]
+    return []
+
+
+# -- P20 ----------------------------------------------------------------------------------------
+
+def _p20(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
+    for group in groups:
+        if not any(_training(p) for p in group.values()):
+            continue
+        counts = {r: len(p["sizes"]) for r, p in group.items()}
+        ended = {r: n for r, n in counts.items() if group[r]["done"]}
+        if ended and max(counts.values()) > min(ended.values()):
+            short = min(ended, key=ended.get)
+            long = max(counts, key=counts.get)
+            p = group[short]
+            return [finding("P20", f"in {_epoch(p)}, rank {short}'s loader ran out after "
+                                   f"{ended[short]} batches while rank {long} took "
+                                   f"{counts[long]}: rank {long}'s extra steps wait for a "
+                                   f"peer that left the loop", _line(p))]
+    for group in groups:
+        if not any(_training(p) for p in group.values()):
+            continue
+        if all(p["done"] for p in group.values()) and len({tuple(p["sizes"])
+                                                           for p in group.values()}) > 1:
+            sizes = {r: sum(p["sizes"]) for r, p in group.items()}
+            p = next(iter(group.values()))
+            text = ", ".join(f"rank {r}: {n}" for r, n in sorted(sizes.items()))
+            return [finding("P20", f"in {_epoch(p)} the ranks trained on different numbers "
+                                   f"of samples ({text}): their gradients are averaged as if "
+                                   f"equal", _line(p), certainty="suspected")]
+    return []
+
+
+# -- X1 and X2 ----------------------------------------------------------------------------------
+
+def _eval_groups(groups: list[dict[int, Pass]]) -> list[dict[int, Pass]]:
+    return [g for g in groups if all(_eval(p) and p["done"] for p in g.values())]
+
+
+def _combined_after(obs: Observation, rank: int, start: float, end: float) -> list[dict]:
+    """The learner's collectives that combine values, on `rank` between two times."""
+    return [e for r, e in obs.of("collective")
+            if r == rank and start <= e["t"] <= end and e["op"] in COLLECTIVES_THAT_COMBINE]
+
+
+def _x1(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
+    for group in _eval_groups(groups):
+        p = group[min(group)]
+        settings, size = p["distributed"], p["dataset_len"]
+        if not settings or not size or settings["total_size"] <= size:
+            continue
+        read = sum(len(_consumed(q)) for q in group.values())
+        extra = read - len({i for q in group.values() for i in _consumed(q)})
+        if extra <= 0 or not _combined_after(obs, min(group), p["t"], _window_end(obs, p)):
+            continue
+        return [finding("X1", f"in evaluation the {len(group)} ranks read {read} samples of a "
+                              f"{size}-sample dataset and combined their results: {extra} "
+                              f"sample(s) counted twice (DistributedSampler pads each rank to "
+                              f"{settings['total_size'] // settings['num_replicas']})",
+                        _line(p))]
+    return []
+
+
+def _window_end(obs: Observation, p: Pass) -> float:
+    """When the next pass of any loader began on this rank (else the end of the run)."""
+    later = [e["t"] for r, e in obs.of("pass") if r == _rank_of(obs, p) and e["t"] > p["t"]]
+    return min(later, default=float("inf"))
+
+
+def _rank_of(obs: Observation, p: Pass) -> int:
+    return next(r for r, events in obs.events.items() if any(e is p for e in events))
+
+
+def _x2(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
+    for group in _eval_groups(groups):
+        indices = [set(_consumed(p)) for p in group.values()]
+        if not all(indices) or _shared(indices) >= SAME_SHARE * min(map(len, indices)):
+            continue  # each rank evaluated everything: its own number is the whole set's
+        for rank in sorted(group):
+            p = group[rank]
+            end = _window_end(obs, p)
+            prints = [e for r, e in obs.of("print") if r == rank and p["end"] < e["t"] < end
+                      and any(ch.isdigit() for ch in e["text"])]
+            if not prints or _combined_after(obs, rank, p["t"], prints[0]["t"]):
+                continue
+            size = p["dataset_len"]
+            of = f" of the {size} evaluation samples" if size else " of the evaluation samples"
+            return [finding("X2", f"rank {rank} printed {prints[0]['text'][:60]!r} after "
+                                  f"evaluating {len(indices[rank])}{of}, with no collective "
+                                  f"combining the ranks' results in between", prints[0]["where"])]
+    return []

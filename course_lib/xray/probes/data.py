@@ -1,0 +1,197 @@
+"""Probe: which samples each rank reads, pass by pass, and whether it trained on them.
+
+Wraps DataLoader (its arguments, each pass over it, the indices each batch came from,
+mapped through Subset to the base dataset, and a fingerprint of each sample's values),
+DistributedSampler (its settings, set_epoch calls) and autograd's backward (a pass during
+which backward ran is a training pass; one without is an evaluation).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subset
+from torch.utils.data import dataloader as dl
+
+from course_lib.xray import record
+
+_state = {"loaders": 0, "samplers": 0, "current": None}
+_at_line: dict[str, int] = {}  # loaders made at each line, to match them across ranks
+
+
+def install() -> None:
+    """Patch DataLoader, its iterators, DistributedSampler and autograd's backward."""
+    DataLoader.__init__ = _loader_init(DataLoader.__init__)
+    DataLoader.__iter__ = _loader_iter(DataLoader.__iter__)
+    dl._BaseDataLoaderIter._next_index = _next_index(dl._BaseDataLoaderIter._next_index)
+    dl._BaseDataLoaderIter.__next__ = _next(dl._BaseDataLoaderIter.__next__)
+    DistributedSampler.__init__ = _sampler_init(DistributedSampler.__init__)
+    DistributedSampler.set_epoch = _set_epoch(DistributedSampler.set_epoch)
+    torch.autograd.backward = _backward(torch.autograd.backward)
+
+
+def _sampler_key(sampler: Any) -> int:
+    """A number for the sampler, the same on every rank that makes them in the same order."""
+    if sampler is None:
+        return 0
+    key = getattr(sampler, "_xray_key", None)
+    if key is None:
+        _state["samplers"] += 1
+        key = _state["samplers"]
+        try:
+            sampler._xray_key = key
+        except AttributeError:
+            return 0
+    return key
+
+
+def _loader_init(real: Any) -> Any:
+    @functools.wraps(real)
+    def init(self: DataLoader, dataset: Any, *args: Any, **kwargs: Any) -> None:
+        where = record.where(2)
+        sampler = kwargs.get("sampler", args[2] if len(args) > 2 else None)
+        shuffle = kwargs.get("shuffle", args[1] if len(args) > 1 else None)
+        _at_line[where] = _at_line.get(where, 0) + 1
+        _state["loaders"] += 1
+        self._xray_key = f"{where}#{_at_line[where]}"
+        record.note("loader", where, key=self._xray_key, shuffle=bool(shuffle),
+                    sampler=type(sampler).__name__ if sampler is not None else "",
+                    sampler_key=_sampler_key(sampler))
+        real(self, dataset, *args, **kwargs)
+    return init
+
+
+def _loader_iter(real: Any) -> Any:
+    @functools.wraps(real)
+    def iterate(self: DataLoader) -> Any:
+        it = real(self)
+        it._xray_pass = _new_pass(self)
+        return it
+    return iterate
+
+
+def _new_pass(loader: DataLoader) -> dict[str, Any]:
+    sampler = loader.sampler
+    key = getattr(loader, "_xray_key", "")
+    previous = sum(1 for e in record.events() if e["kind"] == "pass" and e["loader"] == key)
+    dist_sampler = sampler if isinstance(sampler, DistributedSampler) else None
+    return record.note(
+        "pass", loader=key, number=previous, sampler_key=_sampler_key(sampler),
+        sampler=type(sampler).__name__, random=isinstance(sampler, RandomSampler) or bool(
+            dist_sampler is not None and dist_sampler.shuffle),
+        distributed=_sampler_settings(dist_sampler), dataset_len=_len(loader.dataset),
+        grad=torch.is_grad_enabled(), indices=[], sizes=[], fingerprints=[],
+        backward=0, done=False, base=_index_maps(loader.dataset))
+
+
+def _sampler_settings(sampler: DistributedSampler | None) -> dict[str, Any] | None:
+    if sampler is None:
+        return None
+    return {"num_replicas": sampler.num_replicas, "rank": sampler.rank,
+            "shuffle": sampler.shuffle, "drop_last": sampler.drop_last,
+            "total_size": sampler.total_size, "epoch": sampler.epoch}
+
+
+def _len(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _index_maps(dataset: Any) -> str:
+    """The base dataset's name, after Subsets (whose indices are mapped, see _base_index)."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    return type(dataset).__name__
+
+
+def _base_index(dataset: Any, index: Any) -> Any:
+    while isinstance(dataset, Subset) and isinstance(index, int):
+        index = int(dataset.indices[index])
+        dataset = dataset.dataset
+    return index
+
+
+def _next_index(real: Any) -> Any:
+    @functools.wraps(real)
+    def next_index(self: Any) -> Any:
+        index = real(self)
+        current = getattr(self, "_xray_pass", None)
+        if current is not None:
+            batch = index if isinstance(index, list) else [index]
+            current["indices"].append([_base_index(self._dataset, i) for i in batch
+                                       if isinstance(i, int)])
+        return index
+    return next_index
+
+
+def _next(real: Any) -> Any:
+    @functools.wraps(real)
+    def next_batch(self: Any) -> Any:
+        current = getattr(self, "_xray_pass", None)
+        try:
+            data = real(self)
+        except StopIteration:
+            if current is not None:
+                current["done"] = True
+            raise
+        if current is not None:
+            rows = _first_tensor(data)
+            current["sizes"].append(int(rows.shape[0]) if rows is not None else 1)
+            current["fingerprints"].append(_fingerprint(rows))
+            current["end"] = time.monotonic()
+            _state["current"] = current
+        return data
+    return next_batch
+
+
+def _first_tensor(data: Any) -> torch.Tensor | None:
+    """The batch's first tensor with a batch dimension (inputs first, as a loop unpacks)."""
+    if isinstance(data, torch.Tensor):
+        return data if data.dim() >= 1 else None
+    items = data.values() if isinstance(data, dict) else data
+    if isinstance(items, (list, tuple)) or isinstance(data, dict):
+        for item in items:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _fingerprint(rows: torch.Tensor | None) -> list[float]:
+    """One number per sample: the sum of its values (the same sample gives the same sum)."""
+    if rows is None or not (rows.is_floating_point() or rows.dtype in (torch.int64, torch.int32)):
+        return []
+    with torch.no_grad():
+        return rows.detach().reshape(rows.shape[0], -1).double().sum(1).cpu().tolist()
+
+
+def _sampler_init(real: Any) -> Any:
+    @functools.wraps(real)
+    def init(self: DistributedSampler, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        record.note("sampler", key=_sampler_key(self), **_sampler_settings(self),
+                    dataset_len=_len(self.dataset))
+    return init
+
+
+def _set_epoch(real: Any) -> Any:
+    @functools.wraps(real)
+    def set_epoch(self: DistributedSampler, epoch: int) -> None:
+        record.note("set_epoch", sampler_key=_sampler_key(self), epoch=int(epoch))
+        real(self, epoch)
+    return set_epoch
+
+
+def _backward(real: Any) -> Any:
+    @functools.wraps(real)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        current = _state["current"]
+        if current is not None:
+            current["backward"] += 1
+        return real(*args, **kwargs)
+    return backward

@@ -1,0 +1,68 @@
+"""What the probes write: one list of events per rank, each stamped with the learner's line.
+
+Probes call `note(kind, **fields)`; the x-ray sends `events()` home with the rank's result
+(a course_lib collector), so that nothing here imports the launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import time
+from typing import Any
+
+import torch
+
+import course_lib
+
+# Frames in these folders are not the learner's: torch, the course's own code, the stdlib.
+_NOT_OWN = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                 for m in (torch, course_lib))
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
+_PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+_events: list[dict[str, Any]] = []
+
+
+def is_own(filename: str) -> bool:
+    """True when a frame's file is the learner's code (not torch, course_lib or a library)."""
+    if filename.startswith("<") or filename.startswith(_NOT_OWN) or filename.startswith(_STDLIB):
+        return False
+    return not any(p in filename for p in _PACKAGES)
+
+
+def where(skip: int = 1) -> str:
+    """The learner's "file:line" that led here: the innermost frame in the learner's code."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if is_own(name):
+            return f"{_short(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return ""
+
+
+def _short(path: str) -> str:
+    """A path relative to the working folder when it lies inside it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def note(kind: str, where_: str | None = None, **fields: Any) -> dict[str, Any]:
+    """Append one event for this rank and return it (a probe may add to it later, e.g. a
+    data loader pass its batches); `where_` overrides the learner's line found here."""
+    event = {"kind": kind, "where": where(2) if where_ is None else where_,
+             "t": time.monotonic(), **fields}
+    _events.append(event)
+    return event
+
+
+def events() -> list[dict[str, Any]]:
+    """This rank's events so far, in order."""
+    return _events
+
+
+def clear() -> None:
+    """Forget this rank's events (a fresh x-ray in the same process)."""
+    _events.clear()

@@ -1,0 +1,108 @@
+"""Finding and Report: what the x-ray tells the learner, as text, HTML or JSON."""
+
+from __future__ import annotations
+
+import glob
+import html
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from course_lib.authoring.pitfalls import PITFALLS
+
+_NOTEBOOKS = os.path.join(os.path.dirname(__file__), "..", "..", "notebooks")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pitfall this run showed: id, its title, the evidence in one line with numbers
+    from the run, the learner's file:line ("" when it cannot tell), the lesson to read."""
+
+    id: str
+    title: str
+    evidence: str
+    where: str
+    lesson: str
+    certainty: str = "confirmed"  # or "suspected"
+
+    @property
+    def confirmed(self) -> bool:
+        return self.certainty == "confirmed"
+
+
+def finding(pid: str, evidence: str, where: str = "", certainty: str = "confirmed") -> Finding:
+    """A Finding for a registry id, its title and lesson filled in from the course's registry."""
+    if certainty not in ("confirmed", "suspected"):
+        raise ValueError(f"certainty must be 'confirmed' or 'suspected', not {certainty!r}")
+    pitfall = PITFALLS[pid]
+    return Finding(pid, pitfall.title, evidence, where, lesson_of(pid), certainty)
+
+
+def lesson_of(pid: str) -> str:
+    """The notebook of the pitfall's first lesson, "notebooks/03_data_sharding.ipynb"."""
+    number = PITFALLS[pid].lessons[0]
+    found = sorted(glob.glob(os.path.join(_NOTEBOOKS, f"{number}_*.ipynb")))
+    return f"notebooks/{os.path.basename(found[0])}" if found else f"lesson {number}"
+
+
+@dataclass
+class Report:
+    """Every finding of one run, what was checked and what could not be; `error` is the
+    failed run's root-cause-first error text ("" when the run succeeded)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    not_checked: list[str] = field(default_factory=list)
+    error: str = ""
+    title: str = "X-ray"
+    run: Any = field(default=None, repr=False, compare=False)  # the launch's Run
+    failure: Any = field(default=None, repr=False, compare=False)  # its DistributedError
+
+    @property
+    def exit_status(self) -> int:
+        """1 when a finding is confirmed; else 2 when the run failed; else 0."""
+        if any(f.confirmed for f in self.findings):
+            return 1
+        return 2 if self.error else 0
+
+    @property
+    def ids(self) -> list[str]:
+        return [f.id for f in self.findings]
+
+    def to_dict(self) -> dict:
+        out = {"findings": [asdict(f) for f in self.findings], "checked": self.checked,
+               "not_checked": self.not_checked}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    def to_json(self) -> str:
+        """The report as one JSON object (the CLI's --json)."""
+        return json.dumps(self.to_dict(), indent=1)
+
+    def headline(self) -> str:
+        n = len(self.findings)
+        failed = " The run failed (the error is below the findings)." if self.error else ""
+        if not n:
+            return f"{self.title}: no pitfalls found.{failed}"
+        return f"{self.title}: {n} pitfall{'s' if n > 1 else ''} found.{failed}"
+
+    def __str__(self) -> str:
+        lines = [self.headline()]
+        for f in self.findings:
+            lines += [f"  {f.id} {f.title}  [{f.certainty}]",
+                      f"      evidence: {f.evidence}"]
+            if f.where:
+                lines.append(f"      where:    {f.where}")
+            lines.append(f"      read:     {f.lesson}")
+        if self.checked:
+            lines.append("Checked: " + "; ".join(self.checked))
+        if self.not_checked:
+            lines.append("Not checked: " + "; ".join(self.not_checked))
+        if self.error:
+            lines += ["", "The run's error (root cause first):", self.error]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        return f"<pre>{html.escape(str(self))}</pre>"

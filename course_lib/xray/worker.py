@@ -1,0 +1,29 @@
+"""The rank side of the x-ray: install the probes, then run the learner's code."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from course_lib.collectors import register_collector
+from course_lib.xray import record
+from course_lib.xray.probes import install_all
+
+
+def observed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run fn(*args, **kwargs) in this rank with every probe installed; the events go home
+    with the rank's result, or with its error."""
+    record.clear()
+    register_collector("xray", record.events)
+    install_all()
+    return fn(*args, **kwargs)
+
+
+def run_script(path: str, argv: list[str]) -> None:
+    """Run a torchrun-style script as `python path argv...` would, in this rank."""
+    sys.argv = [path, *argv]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    runpy.run_path(path, run_name="__main__")
