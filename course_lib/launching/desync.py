@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 ROWS = 6  # collectives shown before the first difference, at most
 _TORCH = os.sep + "torch" + os.sep
 _LAUNCHER = os.sep + os.path.join("course_lib", "launching") + os.sep
+_XRAY = os.sep + os.path.join("course_lib", "xray") + os.sep  # the x-ray's collective probe
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def _where(frames: list[dict]) -> str:
     """Where a collective came from: the learner's innermost frame, and what DDP (or
     autograd) was doing when the learner did not call it directly."""
     own = next((f for f in frames if _TORCH not in f["filename"]
-                and _LAUNCHER not in f["filename"]), None)
+                and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
     names = {f["name"] for f in (frames[:frames.index(own)] if own else frames)}
     text = f"{own['name']}, line {own['line']}" if own else "inside torch"
     part = next((label for name, label in _DDP_PARTS if name in names), None)

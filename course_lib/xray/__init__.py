@@ -19,7 +19,7 @@ PG_TIMEOUT_S = 10.0  # a hang ends this soon after its collective began (at most
 
 
 def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 60.0,
-         title: str = "", **launch_kwargs: Any) -> Report:
+         title: str = "", source: str = "", **launch_kwargs: Any) -> Report:
     """Run train_fn on `world_size` ranks (course_lib.launch, same arguments) with the
     x-ray's probes installed, and return its Report. `report.run` holds the Run (or the
     failed launch's partial Run), `report.failure` the DistributedError or None."""
@@ -37,7 +37,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
                      **launch_kwargs)
     except DistributedError as exc:
         error, run = exc, exc.run
-    obs = Observation.from_run(world_size, run, error, script=title)
+    obs = Observation.from_run(world_size, run, error, script=title, source=source)
     report = run_all(obs, error_text=str(error) if error else "", title=title)
     report.run, report.failure = run, error
     return report

@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     title = f"X-ray of {args.script} on {args.nproc_per_node} rank(s)"
     out = sys.stderr if args.json else sys.stdout
     with contextlib.redirect_stdout(out):
-        report = xray(fn, args.nproc_per_node, timeout=args.timeout, title=title)
+        report = xray(fn, args.nproc_per_node, timeout=args.timeout, title=title,
+                      source=args.script)
     print(report.to_json() if args.json else f"\n{report}")
     return report.exit_status

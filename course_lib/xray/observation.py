@@ -22,6 +22,7 @@ class Observation:
     desync: Any = None
     logs: dict[int, str] = field(default_factory=dict)
     script: str = ""  # the x-rayed script or function, for the report's title
+    source: str = ""  # the script's file (CLI), to name lines the flight recorder gives
 
     def of(self, kind: str) -> list[tuple[int, dict[str, Any]]]:
         """Every event of one kind, as (rank, event), rank by rank in order."""
@@ -34,10 +35,11 @@ class Observation:
 
     @classmethod
     def from_run(cls, world_size: int, run: Any, error: Any = None,
-                 script: str = "") -> Observation:
+                 script: str = "", source: str = "") -> Observation:
         """Build from a launch's Run (or the failed launch's error.run) and its error."""
         obs = cls(world_size=world_size, error=error,
-                  desync=getattr(error, "desync", None), script=script)
+                  desync=getattr(error, "desync", None), script=script,
+                  source=source)
         if run is None:
             return obs
         for rank, extras in enumerate(run.extras):

@@ -1,0 +1,65 @@
+"""Detector: ranks that issued different collectives (S1), and the rank-0-only evaluation
+through the DDP wrapper that leaves rank 0 alone in DDP's buffer broadcast (X3), from the
+failed run's desync report (launching/desync.py)."""
+
+from __future__ import annotations
+
+import re
+
+from course_lib.launching.desync import DesyncReport, first_difference
+from course_lib.xray.observation import Observation
+from course_lib.xray.report import Finding, finding
+
+CHECKS = ["S1", "X3"]
+_DDP_FORWARD = ("DDP's forward", "DDP's buffer broadcast")
+_LINE = re.compile(r"^(?P<fn>[^,]+), line (?P<line>\d+)")
+
+
+def detect(obs: Observation) -> list[Finding]:
+    """S1 or X3 when the ranks' collectives part; nothing when they agree."""
+    report = obs.desync
+    if report is None or report.first_difference is None:
+        return []
+    seq = report.first_difference
+    calls = {t.rank: t.at(seq) for t in report.traces if t.dumped}
+    in_forward = [r for r, c in calls.items() if c and any(k in c.where for k in _DDP_FORWARD)]
+    others_elsewhere = [r for r, c in calls.items()
+                        if r not in in_forward and (c is None or c.op != calls[in_forward[0]].op
+                                                    or c.where != calls[in_forward[0]].where)
+                        ] if in_forward else []
+    if in_forward and others_elsewhere:
+        return [finding("X3", report.summary, _where(obs, calls[in_forward[0]].where))]
+    return [finding("S1", report.summary, _where(obs, _branch(report)))]
+
+
+def _branch(report: DesyncReport) -> str:
+    """Where the ranks' paths part: the first collective issued from a line that no other
+    rank issued any collective from (else the first difference's first call)."""
+    traces = [t for t in report.traces if t.dumped]
+    start = first_difference(traces, key=lambda c: (c.op, c.sizes, c.where))
+    for seq in range(start or report.first_difference, report.first_difference + 1):
+        for t in traces:
+            call = t.at(seq)
+            others = {c.where for o in traces if o is not t for c in o.calls}
+            if call and call.where not in others:
+                return call.where
+    call = next((t.at(report.first_difference) for t in traces
+                 if t.at(report.first_difference)), None)
+    return call.where if call else ""
+
+
+def _where(obs: Observation, where: str) -> str:
+    """'train.py:40' from the report's 'main, line 40 (...)' and the script's file."""
+    match = _LINE.match(where)
+    if not match:
+        return ""
+    return f"{obs.source}:{match['line']}" if obs.source else f"{match['fn']}, line {match['line']}"
+
+
+def not_checked(obs: Observation) -> list[str]:
+    if obs.error is None:
+        return []  # a run that ended normally had no hang and no desync to explain
+    if obs.desync is None:
+        return ["S1: the run failed, but no desync report was made (flight recorder off)",
+                "X3: the run failed, but no desync report was made (flight recorder off)"]
+    return []
