@@ -1,0 +1,300 @@
+"""Lesson 13's accounting of per-rank training memory: the bytes of the tensors a rank holds
+(parameters, gradients, optimizer state, saved activations, parameters gathered by FSDP),
+the textbook prediction of the same bytes, and their pictures and calculator."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+MiB = 2**20
+PARTS = ("parameters", "gradients", "optimizer state", "activations", "gathered parameters")
+STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP2")
+# Bytes per parameter: the parameter itself, its gradient, the optimizer's state. With "bf16
+# mixed" the optimizer also keeps an fp32 master copy (4 bytes), as in the ZeRO paper's 2+2+12.
+PRECISIONS = {"fp32": (4, 4, 0), "bf16 mixed": (2, 2, 4)}
+OPTIMIZERS = {"SGD": 0, "SGD + momentum": 4, "Adam": 8}
+
+
+def nbytes(t: torch.Tensor) -> int:
+    """Bytes this rank holds for `t`: its local shard for a DTensor, else the tensor itself."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return local.numel() * local.element_size()
+
+
+def rss() -> int:
+    """This process's resident set size now, in bytes (Linux /proc)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The state this rank's optimizer holds: ZeroRedundancyOptimizer keeps its own shard's
+    in `.optim`."""
+    return getattr(optimizer, "optim", optimizer).state
+
+
+def _storage(t: torch.Tensor) -> torch.UntypedStorage:
+    """The storage behind `t`'s bytes on this rank (a DTensor's local shard)."""
+    return (t.to_local() if hasattr(t, "to_local") else t).untyped_storage()
+
+
+def _module_params(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters the modules hold right now: FSDP2 swaps in the gathered (unsharded)
+    tensors during a unit's forward and backward, and the shards back afterwards."""
+    return [p for m in model.modules() for p in m._parameters.values() if p is not None]
+
+
+class Meter:
+    """Counts, on one rank, the bytes of each kind of tensor training holds. Make it before
+    the model (it reads the RSS then), run forward passes inside `meter.forward(model)`, and
+    call `meter.measure(model, optimizer)` after `optimizer.step()`, before `zero_grad()`."""
+
+    def __init__(self) -> None:
+        self.rss_start = rss()
+        self.activations = 0
+        self.gathered = 0
+        self.trace: list[tuple[str, int]] = []  # (phase, gathered bytes), the last step
+        self.counts: dict[str, int] = {}
+
+    def _gathered_now(self, model: nn.Module, own: set[int]) -> int:
+        """Bytes of parameters held in full beyond the rank's own ones (FSDP2's all-gathers)."""
+        storages = {_storage(p).data_ptr(): _storage(p).nbytes()
+                    for p in _module_params(model) if id(p) not in own}
+        return sum(storages.values())
+
+    @contextlib.contextmanager
+    def forward(self, model: nn.Module) -> Iterator[None]:
+        """Count what autograd saves for backward (not parameters), and sample the gathered
+        parameter bytes at each save and at each use in backward."""
+        own = {id(p) for p in model.parameters()}
+        saved: dict[int, int] = {}
+        self.activations = 0
+        self.trace = []
+
+        def sample(phase: str) -> None:
+            now = self._gathered_now(model, own)
+            self.trace.append((phase, now))
+            self.gathered = max(self.gathered, now)
+
+        def pack(t: torch.Tensor) -> Any:
+            sample("forward")
+            weights = {_storage(p).data_ptr() for p in _module_params(model)}
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in weights and ptr not in saved:
+                saved[ptr] = t.untyped_storage().nbytes()
+                self.activations = sum(saved.values())
+            return t
+
+        def unpack(t: torch.Tensor) -> torch.Tensor:
+            sample("backward")
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+
+    def measure(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """This rank's bytes per part (and RSS growth since the meter was made)."""
+        params = list(model.parameters())
+        state = optimizer_state(optimizer)
+        self.counts = {
+            "parameters": sum(nbytes(p) for p in params),
+            "gradients": sum(nbytes(p.grad) for p in params if p.grad is not None),
+            "optimizer state": sum(nbytes(v) for s in state.values() for v in s.values()
+                                   if torch.is_tensor(v)),
+            "activations": self.activations,
+            "gathered parameters": self.gathered,
+            "rss growth": rss() - self.rss_start,
+        }
+        return self.counts
+
+
+# -- the textbook prediction -------------------------------------------------------------------
+
+def predict(n_params: int, world_size: int, strategy: str, precision: str = "fp32",
+            optimizer: str = "Adam", unit_params: int = 0) -> dict[str, float]:
+    """Bytes per rank for parameters, gradients, optimizer state and FSDP2's gathered unit
+    (`unit_params`: the parameters of the largest unit gathered at once), by the formula."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if precision not in PRECISIONS or optimizer not in OPTIMIZERS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)} and optimizer one of "
+                         f"{list(OPTIMIZERS)}, got {precision!r} and {optimizer!r}")
+    if n_params <= 0 or world_size <= 0:
+        raise ValueError("n_params and world_size must be positive")
+    p, g, master = PRECISIONS[precision]
+    k = master + OPTIMIZERS[optimizer]
+    n = world_size
+    shard = {"DDP": (1, 1, 1), "ZeRO-1": (1, 1, n), "ZeRO-2": (1, n, n), "FSDP2": (n, n, n)}
+    sp, sg, so = shard[strategy]
+    return {"parameters": p * n_params / sp, "gradients": g * n_params / sg,
+            "optimizer state": k * n_params / so,
+            "gathered parameters": p * unit_params if strategy == "FSDP2" else 0.0}
+
+
+def model_states(counts: dict[str, float]) -> float:
+    """Parameters + gradients + optimizer state + gathered parameters: what sharding changes."""
+    return sum(counts[k] for k in PARTS if k != "activations")
+
+
+def comparison(measured: dict[tuple[str, int], list[dict[str, int]]],
+               predicted: dict[tuple[str, int], dict[str, float]]) -> tuple[str, float]:
+    """A text table of rank 0's measured and predicted MiB per configuration, and the largest
+    relative gap over every rank and part (parts predicted as 0 must measure 0)."""
+    rows = [f"{'strategy':<22}{'ranks':>5}  {'measured MiB':>14}{'predicted MiB':>15}  gap"]
+    worst = 0.0
+    for key, ranks in measured.items():
+        want = predicted[key]
+        for counts in ranks:
+            for part, value in want.items():
+                gap = abs(counts[part] - value) / value if value else float(counts[part] != 0)
+                worst = max(worst, gap)
+        got, exp = model_states(ranks[0]), model_states(want)
+        rows.append(f"{key[0]:<22}{key[1]:>5}  {got / MiB:>14.2f}{exp / MiB:>15.2f}  "
+                    f"{abs(got - exp) / exp:.2%}")
+    return "\n".join(rows), worst
+
+
+# -- pictures ----------------------------------------------------------------------------------
+
+def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
+                  predicted: dict[tuple[str, int], dict[str, float]]):
+    """Stacked bars of every rank's measured bytes per part, grouped by configuration, with
+    the formula's total (without activations) as a black tick over each group."""
+    from course_lib.plots.style import BLACK, BLUE, GREEN, ORANGE, PURPLE, SKY, new_figure
+
+    colors = dict(zip(PARTS, (BLUE, ORANGE, GREEN, SKY, PURPLE)))
+    fig = new_figure(max(8.0, 0.32 * sum(len(r) for r in measured.values()) + 3), 4.2)
+    ax = fig.subplots()
+    x, ticks, labels = 0.0, [], []
+    for key, ranks in measured.items():
+        start = x
+        for counts in ranks:
+            bottom = 0.0
+            for part in PARTS:
+                ax.bar(x, counts[part] / MiB, bottom=bottom, width=0.8, color=colors[part],
+                       edgecolor=BLACK, linewidth=0.4, label=part if x == 0 else None)
+                bottom += counts[part] / MiB
+            x += 1
+        total = model_states(predicted[key]) / MiB
+        ax.hlines(total, start - 0.45, x - 0.55, color=BLACK, linewidth=2.5,
+                  label="formula (no activations)" if start == 0 else None)
+        ticks.append((start + x - 1) / 2)
+        name = key[0].replace(", ", "\n")
+        labels.append(f"{name}\n{key[1]} ranks")
+        x += 0.8
+    ax.set_xticks(ticks, labels, fontsize="small")
+    ax.set_ylabel("MiB held by each rank (one bar per rank)")
+    ax.set_title("Where each rank's training memory goes (measured by tensor accounting)",
+                 fontsize="medium")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def plot_gathered(traces: dict[str, list[tuple[str, int]]], budget: float, title: str = ""):
+    """Gathered parameter bytes at each moment autograd saved (forward) or used (backward) a
+    tensor in one training step, one line per wrapping, with a device budget."""
+    from course_lib.plots.style import HIGHLIGHT, LINESTYLES, RANK_COLORS, new_figure
+
+    fig = new_figure(8, 3.6)
+    ax = fig.subplots()
+    for i, (name, trace) in enumerate(traces.items()):
+        ax.step(range(len(trace)), [b / MiB for _, b in trace], where="post", label=name,
+                color=RANK_COLORS[i % 7], linestyle=LINESTYLES[i % 4], linewidth=2)
+    first = next(iter(traces.values()))
+    backward = next((k for k, (phase, _) in enumerate(first) if phase == "backward"), len(first))
+    ax.axvspan(backward, len(first), color="0.92", zorder=0, label="backward")
+    ax.axhline(budget / MiB, color=HIGHLIGHT, linestyle="--", label="device budget")
+    ax.set_xlabel("moments of one step: each tensor autograd saves (forward) or uses (backward)")
+    ax.set_ylabel("MiB of gathered parameters")
+    ax.set_ylim(0, None)
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def plot_losses(curves: dict[str, list[float]], reference: str):
+    """Left: the loss at each step, one line per run. Right: each run's distance from the
+    reference run, beside float32's resolution (2**-23 relative)."""
+    from course_lib.plots.style import BLACK, LINESTYLES, MARKERS, RANK_COLORS, new_figure
+
+    fig = new_figure(10, 3.4)
+    left, right = fig.subplots(1, 2)
+    want = curves[reference]
+    for i, (name, values) in enumerate(curves.items()):
+        style = {"label": name, "color": RANK_COLORS[i % 7], "linestyle": LINESTYLES[i % 4],
+                 "marker": MARKERS[i % 7], "fillstyle": "none"}
+        steps = range(1, len(values) + 1)
+        left.plot(steps, values, **style)
+        if name != reference:
+            gaps = [max(abs(a - b) / abs(b), 1e-12) for a, b in zip(values, want)]
+            right.plot(steps, gaps, **style)
+    right.axhline(2**-23, color=BLACK, linestyle="--", label="float32 resolution")
+    right.set_yscale("log")
+    left.set_ylabel("loss (mean over the global batch)")
+    right.set_ylabel(f"|loss - {reference}| / loss")
+    for ax in (left, right):
+        ax.set_xlabel("step")
+    left.set_title("Every strategy, every world size", fontsize="medium")
+    right.set_title("Distance from the reference (floor 1e-12 = equal)", fontsize="medium")
+    right.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return fig
+
+
+def calculator():
+    """A widget: parameters, world size, strategy, precision, optimizer and the largest unit
+    -> bytes per rank, from `predict`."""
+    import ipywidgets as widgets
+
+    n = widgets.FloatLogSlider(value=7e9, base=10, min=6, max=11, description="parameters")
+    ranks = widgets.IntSlider(value=8, min=1, max=1024, description="world size")
+    strategy = widgets.Dropdown(options=STRATEGIES, value="FSDP2", description="strategy")
+    precision = widgets.Dropdown(options=list(PRECISIONS), value="bf16 mixed",
+                                 description="precision")
+    optimizer = widgets.Dropdown(options=list(OPTIMIZERS), value="Adam", description="optimizer")
+    unit = widgets.FloatSlider(value=3.0, min=0.1, max=100, step=0.1,
+                               description="unit % of model")
+    out = widgets.HTML()
+
+    def redraw(_: object = None) -> None:
+        got = predict(int(n.value), ranks.value, strategy.value, precision.value,
+                      optimizer.value, int(n.value * unit.value / 100))
+        lines = [f"{k}: {v / 2**30:,.2f} GiB" for k, v in got.items()]
+        total = sum(got.values()) / 2**30
+        lines.append(f"<b>per rank, without activations: {total:,.2f} GiB</b>")
+        out.value = "<br>".join(lines)
+
+    for w in (n, ranks, strategy, precision, optimizer, unit):
+        w.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([n, ranks, strategy, precision, optimizer, unit, out])
+
+
+
+def plot_planning(n_params: float, unit_share: float = 0.03, precision: str = "bf16 mixed",
+                  optimizer: str = "Adam"):
+    """Predicted GiB per rank (without activations) against the world size, one line per
+    strategy, beside an 80 GiB GPU."""
+    from course_lib.plots.style import HIGHLIGHT, LINESTYLES, MARKERS, RANK_COLORS, new_figure
+
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    fig = new_figure(7, 3.6)
+    ax = fig.subplots()
+    for i, strategy in enumerate(STRATEGIES):
+        gib = [sum(predict(int(n_params), n, strategy, precision, optimizer,
+                           int(n_params * unit_share)).values()) / 2**30 for n in sizes]
+        ax.plot(sizes, gib, label=strategy, color=RANK_COLORS[i], linestyle=LINESTYLES[i],
+                marker=MARKERS[i])
+    ax.axhline(80, color=HIGHLIGHT, linestyle="--", label="an 80 GiB GPU")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(n) for n in sizes])
+    ax.set_yscale("log")
+    ax.set_xlabel("world size (GPUs)")
+    ax.set_ylabel("GiB per rank (no activations)")
+    ax.set_title(f"{n_params / 1e9:g}B parameters, {precision}, {optimizer}", fontsize="medium")
+    ax.legend(fontsize="small")
+    return fig
