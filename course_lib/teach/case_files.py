@@ -1,0 +1,110 @@
+"""Lesson 15's case files: the few measurements and pictures the cases share.
+
+    shared_samples(run.telemetry)        # how many dataset indices two or more ranks read
+    plot_curves({"as sent": losses, ...}) # loss curves on a log scale, inf/nan marked
+    plot_speedup(nbytes, link, {"4 all-reduces": 4, "1": 1}, measured_s)
+                                         # predicted speed-up on N ranks against compute time
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from course_lib.teach.interconnect import Link, predict_step
+
+
+def shared_samples(tel: Any, epoch: int = 0) -> int:
+    """How many dataset indices more than one rank read in `epoch` (0 when the ranks'
+    shares are disjoint), from the recorder's sample records (`rec.samples`)."""
+    reads = tel.samples.where(epoch=epoch)
+    readers = Counter()
+    for rank in tel.ranks:
+        readers.update(set(reads.where(rank=rank)["index"].tolist()))
+    return sum(1 for count in readers.values() if count > 1)
+
+
+def first_non_finite(values: list[float]) -> int | None:
+    """The index of the first inf or nan in `values`, or None."""
+    return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+
+
+def plot_curves(curves: dict[str, list[float]], title: str = "",
+                ylabel: str = "loss (mean over the step's batches)"):
+    """One line per run on a log scale (a divergence spans orders of magnitude); a run that
+    reached inf or nan ends with a red cross at the top, labelled with its step."""
+    from course_lib.plots.style import (
+        HIGHLIGHT,
+        LINESTYLES,
+        MARKERS,
+        RANK_COLORS,
+        new_figure,
+        step_axis,
+    )
+
+    fig = new_figure(7.5, 3.4)
+    ax = fig.subplots()
+    finite = [v for values in curves.values() for v in values if math.isfinite(v) and v > 0]
+    top = max(finite) * 3 if finite else 1.0
+    crosses = 0
+    for i, (name, values) in enumerate(curves.items()):
+        end = first_non_finite(values)
+        shown = values if end is None else values[:end]
+        ax.plot(range(len(shown)), shown, label=name, color=RANK_COLORS[i % len(RANK_COLORS)],
+                linestyle=LINESTYLES[i % len(LINESTYLES)], marker=MARKERS[i % len(MARKERS)],
+                markersize=3)
+        if end is not None:
+            ax.plot([end], [top], "x", color=HIGHLIGHT, ms=10, mew=2.5)
+            ax.annotate(f"inf/nan from step {end}", (end, top), textcoords="offset points",
+                        xytext=(8, -12 - 11 * crosses), fontsize="x-small", color=HIGHLIGHT)
+            crosses += 1
+    ax.set_yscale("log")
+    step_axis(ax)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize="medium")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    return fig
+
+
+def predicted_speedup(compute_s: float, nbytes: int, link: Link, calls: int,
+                      world_size: int) -> float:
+    """N x the weak-scaling efficiency: compute / (compute + `calls` all-reduces of the whole
+    gradient on `link`), lesson 08's model with no overlap."""
+    step_s = predict_step(compute_s, nbytes * calls, world_size, link, calls=calls)
+    return world_size * compute_s / step_s
+
+
+def plot_speedup(nbytes: int, link: Link, calls: dict[str, int], measured_s: float,
+                 world_size: int = 8, title: str = ""):
+    """Predicted speed-up on `world_size` ranks against the compute time of one optimizer
+    step, one line per loop (its all-reduces per step); a dotted line at the compute time
+    measured here. Faster compute (a GPU) moves left, where the network weighs more."""
+    from course_lib.plots.style import BLACK, LINESTYLES, MARKERS, RANK_COLORS, new_figure
+
+    fig = new_figure(7.5, 3.4)
+    ax = fig.subplots()
+    seconds = np.geomspace(measured_s / 100, measured_s * 3, 60)
+    for i, (label, n_calls) in enumerate(calls.items()):
+        ax.plot(seconds * 1e3, [predicted_speedup(s, nbytes, link, n_calls, world_size)
+                                for s in seconds],
+                color=RANK_COLORS[i % len(RANK_COLORS)], linestyle=LINESTYLES[i % 4],
+                label=label)
+        here = predicted_speedup(measured_s, nbytes, link, n_calls, world_size)
+        ax.plot([measured_s * 1e3], [here], MARKERS[i % len(MARKERS)], color=BLACK)
+        ax.annotate(f"{here:.1f}x", (measured_s * 1e3, here), textcoords="offset points",
+                    xytext=(6, -10), fontsize="x-small")
+    ax.axvline(measured_s * 1e3, color=BLACK, ls=":", lw=1)
+    ax.text(measured_s * 1e3, world_size * 0.02, " compute measured here", fontsize="x-small")
+    ax.set_xscale("log")
+    ax.set_ylim(0, world_size * 1.05)
+    ax.axhline(world_size, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("compute per optimizer step (ms, log scale; a GPU is further left)")
+    ax.set_ylabel(f"predicted speed-up on {world_size} ranks")
+    ax.set_title(title or f"{nbytes / 1e6:.1f} MB of gradients on {link.label()}",
+                 fontsize="medium")
+    ax.legend(fontsize="small", loc="upper left")
+    return fig
