@@ -8,6 +8,8 @@ has, with evidence from the run, where in the code, and the lesson to read.
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +28,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     from course_lib.launching import DistributedError, launch
     from course_lib.xray.detectors import run_all
     from course_lib.xray.observation import Observation
+    from course_lib.xray.tidy import tidy
     from course_lib.xray.worker import observed
 
     launch_kwargs.setdefault("pg_timeout", max(1.0, min(PG_TIMEOUT_S, timeout - 1.0)))
@@ -38,6 +41,18 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     except DistributedError as exc:
         error, run = exc, exc.run
     obs = Observation.from_run(world_size, run, error, script=title, source=source)
-    report = run_all(obs, error_text=str(error) if error else "", title=title)
+    report = run_all(obs, error_text=tidy(str(error)) if error else "", title=title)
     report.run, report.failure = run, error
     return report
+
+
+class _CallablePackage(types.ModuleType):
+    """`from course_lib import xray` gives this package instead of the function once any
+    course_lib.xray module was imported (Python sets the submodule as the attribute): so
+    the package calls the function."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Report:
+        return xray(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -229,13 +229,16 @@ def _x1(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
             continue
         read = sum(len(_consumed(q)) for q in group.values())
         extra = read - len({i for q in group.values() for i in _consumed(q)})
-        if extra <= 0 or not _combined_after(obs, min(group), p["t"], _window_end(obs, p)):
+        combined = _combined_after(obs, min(group), p["t"], _window_end(obs, p))
+        if extra <= 0 or not combined:
             continue
+        summed = any(e["op"] in ("all_reduce", "reduce") for e in combined)
+        how = "summed them" if summed else "gathered them (a gather can drop the padding)"
         return [finding("X1", f"in evaluation the {len(group)} ranks read {read} samples of a "
-                              f"{size}-sample dataset and combined their results: {extra} "
-                              f"sample(s) counted twice (DistributedSampler pads each rank to "
+                              f"{size}-sample dataset and {how}: {extra} sample(s) counted "
+                              f"twice (DistributedSampler pads each rank to "
                               f"{settings['total_size'] // settings['num_replicas']})",
-                        _line(p))]
+                        _line(p), certainty="confirmed" if summed else "suspected")]
     return []
 
 

@@ -21,6 +21,8 @@ def detect(obs: Observation) -> list[Finding]:
     if report is None or report.first_difference is None:
         return []
     seq = report.first_difference
+    if _crashed(obs):
+        return []  # a rank's own error ended the run: its peers waited for it, no desync
     calls = {t.rank: t.at(seq) for t in report.traces if t.dumped}
     in_forward = [r for r, c in calls.items() if c and any(k in c.where for k in _DDP_FORWARD)]
     others_elsewhere = [r for r, c in calls.items()
@@ -29,7 +31,13 @@ def detect(obs: Observation) -> list[Finding]:
                         ] if in_forward else []
     if in_forward and others_elsewhere:
         return [finding("X3", report.summary, _where(obs, calls[in_forward[0]].where))]
-    return [finding("S1", report.summary, _where(obs, _branch(report)))]
+    stuck = [t for t in report.traces if t.dumped and not t.at(seq)
+             and t.ended == "still running" and not t.inside]
+    absent = [t for t in report.traces if t.dumped and not t.at(seq)]
+    # A rank stuck outside any collective (a sleep, a file it waits for) is a hang, but not
+    # proven to be a different path to a collective: its stack says more.
+    certainty = "suspected" if absent and len(stuck) == len(absent) else "confirmed"
+    return [finding("S1", report.summary, _where(obs, _branch(report)), certainty)]
 
 
 def _branch(report: DesyncReport) -> str:
@@ -46,6 +54,13 @@ def _branch(report: DesyncReport) -> str:
     call = next((t.at(report.first_difference) for t in traces
                  if t.at(report.first_difference)), None)
     return call.where if call else ""
+
+
+def _crashed(obs: Observation) -> bool:
+    """True when the run's root cause is a rank's own exception (not a peer's failure)."""
+    failures = getattr(obs.error, "failures", [])
+    return bool(failures) and failures[0].kind in ("exception", "exit", "signal") \
+        and not failures[0].is_consequence
 
 
 def _where(obs: Observation, where: str) -> str:
