@@ -1,0 +1,232 @@
+"""Checks for lesson 15's exercise: fix a colleague's training function (a DataLoader
+without DistributedSampler, accumulation without no_sync(), a checkpoint saved from the
+DDP wrapper), and name the pitfalls it had.
+
+What each check measures on the ranks: which dataset indices every rank read, the
+all-reduces DDP made (a recording comm hook), the optimizer steps, the final weights, and
+the checkpoint rank 0 wrote. The truth is one process doing SGD on the samples the ranks
+read, step by step, with the mean loss over each step's global batch."""
+
+from __future__ import annotations
+
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import Dataset
+
+from course_lib.checks.common import (
+    CHECK_TIMEOUT,
+    RecordingSGD,
+    Rejected,
+    differing,
+    listing,
+    on_ranks,
+    run_check,
+    state_snapshot,
+)
+from course_lib.checks.result import CheckResult
+from course_lib.teach.cases.colleague import BATCH, K, colleague_train
+from course_lib.telemetry import Recorder
+
+SEED = 15
+LR = 0.05
+STEPS = 3  # optimizer steps per rank in one epoch
+WORLD_SIZES = (2, 3)
+CHECKPOINT = "checkpoint.pt"
+NAMES = {"P03": "no DistributedSampler", "P09": "accumulation without no_sync()",
+         "P12": "checkpoint saved from the DDP wrapper ('module.' keys)"}
+
+
+def dataset_size(world_size: int) -> int:
+    """One epoch is exactly STEPS optimizer steps of K micro-batches of BATCH on every rank."""
+    return world_size * STEPS * K * BATCH
+
+
+def make_model() -> nn.Module:
+    """The check's model, the same weights in every process (the kernel's state kept)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+class RecordingData(Dataset):
+    """A fixed regression data set that notes every index read, in order (num_workers=0)."""
+
+    def __init__(self, n: int) -> None:
+        gen = torch.Generator().manual_seed(SEED)
+        self.x = torch.randn(n, 6, generator=gen)
+        self.y = self.x[:, :3].sum(1, keepdim=True).sin()
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.reads.append(int(index))
+        return self.x[index], self.y[index]
+
+
+def _train_on_rank(fn: Callable, folder: str) -> dict[str, Any]:
+    """fn(model, optimizer, dataset, checkpoint_path) on this rank; what it did."""
+    model = DDP(make_model())
+    rec = Recorder()
+    rec.watch_ddp(model, grads=False)  # one row per all-reduce DDP makes
+    optimizer = RecordingSGD(model.parameters(), lr=LR)
+    dataset = RecordingData(dataset_size(dist.get_world_size()))
+    fn(model, optimizer, dataset, str(Path(folder) / CHECKPOINT))
+    return {"reads": dataset.reads, "allreduces": len(rec.telemetry().comms),
+            "optimizer_steps": len(optimizer.seen), "weights": state_snapshot(model.module)}
+
+
+def run_script(fn: Callable, world_size: int, timeout: float = CHECK_TIMEOUT) -> dict[str, Any]:
+    """Run fn on `world_size` ranks; the ranks' records and the checkpoint rank 0 saved
+    (None when no file was written)."""
+    with tempfile.TemporaryDirectory(prefix="lesson15-") as folder:
+        results = on_ranks(_train_on_rank, fn, world_size, (folder,), timeout)
+        path = Path(folder) / CHECKPOINT
+        saved = torch.load(path, map_location="cpu") if path.exists() else None
+    return {"ranks": results, "checkpoint": saved, "world_size": world_size}
+
+
+# -- the truth, computed in the kernel ----------------------------------------------------------
+
+def reference(reads: list[list[int]], world_size: int, lr: float = LR) -> dict[str, torch.Tensor]:
+    """One process: SGD on the mean loss of each step's global batch, the samples every rank
+    read in its K micro-batches of that step."""
+    data = RecordingData(dataset_size(world_size))
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    per_step = K * BATCH
+    for step in range(STEPS):
+        index = [i for mine in reads for i in mine[step * per_step:(step + 1) * per_step]]
+        nn.functional.mse_loss(model(data.x[index]), data.y[index]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return state_snapshot(model)
+
+
+# -- what a run shows ---------------------------------------------------------------------------
+
+def findings(run: dict[str, Any]) -> dict[str, str]:
+    """The pitfalls this run shows, each with its evidence in one line (empty: none)."""
+    ranks, n = run["ranks"], run["world_size"]
+    found = {}
+    readers = Counter(i for result in ranks for i in set(result["reads"]))
+    twice = sum(1 for c in readers.values() if c > 1)
+    if twice:
+        found["P03"] = (f"{twice} of {dataset_size(n)} samples were read by more than one rank "
+                        f"(rank 0 read {len(ranks[0]['reads'])}); the DataLoader needs "
+                        "sampler=DistributedSampler(dataset)")
+    first = ranks[0]
+    if first["optimizer_steps"] and first["allreduces"] > first["optimizer_steps"]:
+        found["P09"] = (f"rank 0 made {first['allreduces']} all-reduces for "
+                        f"{first['optimizer_steps']} optimizer steps: every backward "
+                        "synchronises; run the first K-1 micro-batches inside model.no_sync()")
+    saved = run["checkpoint"]
+    if isinstance(saved, dict) and any(str(k).startswith("module.") for k in saved):
+        found["P12"] = ("the checkpoint's keys start with 'module.' (e.g. "
+                        f"{next(iter(saved))!r}): save model.module.state_dict()")
+    return found
+
+
+# -- the check ----------------------------------------------------------------------------------
+
+def check_fixed_train(fn: Callable, pitfalls_found: Callable | None = None,
+                      timeout: float = CHECK_TIMEOUT) -> CheckResult:
+    """fn(model, optimizer, dataset, checkpoint_path), the colleague's function fixed: each
+    rank reads its own share, one all-reduce per optimizer step, the weights of one process
+    on the global batches, and a checkpoint a plain model loads. With `pitfalls_found`
+    (a function returning the ids you found), also compares them with what the colleague's
+    function shows when it runs."""
+    def judge() -> str:
+        named = ""
+        if pitfalls_found is not None:
+            named = _judge_names(pitfalls_found, timeout) + " "
+        for n in WORLD_SIZES:
+            _judge_fix(run_script(fn, n, timeout))
+        return (f"{named}On {listing(WORLD_SIZES)} ranks, {STEPS} optimizer steps of {K} "
+                f"micro-batches: every sample read once, one all-reduce per optimizer step, "
+                "the weights of one process on the same global batches, and a checkpoint "
+                "that a plain model loads.")
+    return run_check("check_fixed_train", fn, judge)
+
+
+def _judge_names(pitfalls_found: Callable, timeout: float) -> str:
+    named = {str(i).strip().upper() for i in pitfalls_found()}
+    shown = findings(run_script(colleague_train, WORLD_SIZES[0], timeout))
+    missed, extra = sorted(set(shown) - named), sorted(named - set(shown))
+    if missed:
+        raise Rejected(f"you missed {missed[0]} ({NAMES[missed[0]]}): running the colleague's "
+                       f"function on {WORLD_SIZES[0]} ranks, {shown[missed[0]]}.")
+    if extra:
+        raise Rejected(f"you named {listing(extra)}, but running the colleague's function on "
+                       f"{WORLD_SIZES[0]} ranks shows no sign of it; what the run shows: "
+                       f"{listing(sorted(shown))}.")
+    return f"Named: {listing(sorted(named))}, each shown by the colleague's run."
+
+
+def _judge_fix(run: dict[str, Any]) -> None:
+    n, ranks = run["world_size"], run["ranks"]
+    where = f"on {n} ranks: "
+    for pitfall, evidence in findings(run).items():
+        raise Rejected(f"{where}{evidence} ({pitfall}).")
+    _judge_reads(ranks, n, where)
+    for rank, result in enumerate(ranks):
+        if result["optimizer_steps"] != STEPS:
+            raise Rejected(f"{where}rank {rank} made {result['optimizer_steps']} optimizer "
+                           f"steps for {STEPS * K} micro-batches of its share; with {K} "
+                           f"micro-batches per step it should make {STEPS}.")
+        if result["allreduces"] != STEPS:
+            raise Rejected(f"{where}rank {rank} made {result['allreduces']} all-reduces for "
+                           f"{STEPS} optimizer steps: the backward of the last micro-batch of "
+                           "each step, and only it, runs outside model.no_sync().")
+    _judge_weights(ranks, n, where)
+    _judge_checkpoint(run["checkpoint"], ranks[0]["weights"], where)
+
+
+def _judge_reads(ranks: list[dict[str, Any]], n: int, where: str) -> None:
+    read = set().union(*(set(r["reads"]) for r in ranks))
+    missing = dataset_size(n) - len(read)
+    if missing:
+        raise Rejected(f"{where}{missing} of {dataset_size(n)} samples were never read: "
+                       "together the ranks must read the whole data set once.")
+
+
+def _judge_weights(ranks: list[dict[str, Any]], n: int, where: str) -> None:
+    reads = [r["reads"] for r in ranks]
+    want = reference(reads, n)
+    for rank, result in enumerate(ranks):
+        wrong = differing(result["weights"], want)
+        if not wrong:
+            continue
+        if not differing(result["weights"], reference(reads, n, LR * K)):
+            raise Rejected(f"{where}rank {rank}'s weights are those of one process with a "
+                           f"learning rate {K} times too large: divide each micro-batch's "
+                           f"loss by K ({K}) (X6).")
+        raise Rejected(f"{where}rank {rank}'s {listing(wrong)} after {STEPS} steps differ "
+                       "from one process doing SGD on the mean loss of the same global "
+                       "batches.")
+
+
+def _judge_checkpoint(saved: Any, weights: dict[str, torch.Tensor], where: str) -> None:
+    if saved is None:
+        raise Rejected(f"{where}no checkpoint at checkpoint_path: rank 0 must save "
+                       "model.module.state_dict() there (torch.save).")
+    plain = make_model()
+    try:
+        plain.load_state_dict(saved)
+    except (RuntimeError, TypeError, AttributeError) as error:
+        first = str(error).splitlines()[0]
+        raise Rejected(f"{where}the checkpoint does not load into the plain model: "
+                       f"{first[:200]}") from None
+    wrong = differing(state_snapshot(plain), weights)
+    if wrong:
+        raise Rejected(f"{where}the checkpoint's {listing(wrong)} differ from the trained "
+                       "weights: save at the end of training.")

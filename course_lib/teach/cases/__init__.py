@@ -1,0 +1,1 @@
+"""Case code for lesson 15: scripts as colleagues send them, pitfalls included."""

@@ -1,0 +1,126 @@
+"""Lesson 15's check accepts the worked fix and a differently written correct one, and
+rejects plausible wrong fixes and wrong lists of pitfalls, each with the hint that names
+what the run showed."""
+
+from contextlib import ExitStack, nullcontext
+
+import pytest
+import torch
+import torch.distributed as dist
+from checking import check_helpers
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+
+from course_lib.checks.lesson15 import check_fixed_train, findings, run_script
+from course_lib.teach.cases.colleague import BATCH, K, colleague_train
+
+NOTEBOOK = "15_case_files.ipynb"
+FAST = 20  # seconds a launch: every answer here finishes (or fails) well within it
+
+solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+
+
+def _loop(model, optimizer, loader, divide=True, sync_every=False):
+    for i, (x, y) in enumerate(loader):
+        last = (i + 1) % K == 0
+        with nullcontext() if last or sync_every else model.no_sync():
+            loss = nn.functional.mse_loss(model(x), y)
+            (loss / K if divide else loss).backward()
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+def _sampled(dataset, shuffle=True):
+    sampler = DistributedSampler(dataset, shuffle=shuffle)
+    return DataLoader(dataset, batch_size=BATCH, sampler=sampler)
+
+
+def _save(model, path, wrapper=False):
+    if dist.get_rank() == 0:
+        torch.save((model if wrapper else model.module).state_dict(), path)
+
+
+def in_order_with_exit_stack(model, optimizer, dataset, checkpoint_path):
+    """Correct, written otherwise: no shuffling, micro-batches grouped by hand."""
+    batches = list(_sampled(dataset, shuffle=False))
+    for start in range(0, len(batches), K):
+        group = batches[start:start + K]
+        for j, (x, y) in enumerate(group):
+            with ExitStack() as stack:
+                if j < len(group) - 1:
+                    stack.enter_context(model.no_sync())
+                (nn.functional.mse_loss(model(x), y) / len(group)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.barrier()
+    _save(model, checkpoint_path)
+
+
+def sampler_only(model, optimizer, dataset, checkpoint_path):
+    _loop(model, optimizer, _sampled(dataset), sync_every=True)
+    _save(model, checkpoint_path, wrapper=True)
+
+
+def sampler_and_no_sync(model, optimizer, dataset, checkpoint_path):
+    _loop(model, optimizer, _sampled(dataset))
+    _save(model, checkpoint_path, wrapper=True)
+
+
+def not_divided_by_k(model, optimizer, dataset, checkpoint_path):
+    _loop(model, optimizer, _sampled(dataset), divide=False)
+    _save(model, checkpoint_path)
+
+
+def never_synchronised(model, optimizer, dataset, checkpoint_path):
+    for i, (x, y) in enumerate(_sampled(dataset)):
+        with model.no_sync():
+            (nn.functional.mse_loss(model(x), y) / K).backward()
+        if (i + 1) % K == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    _save(model, checkpoint_path)
+
+
+def no_checkpoint(model, optimizer, dataset, checkpoint_path):
+    _loop(model, optimizer, _sampled(dataset))
+
+
+def saved_before_training(model, optimizer, dataset, checkpoint_path):
+    _save(model, checkpoint_path)
+    _loop(model, optimizer, _sampled(dataset))
+
+
+@pytest.mark.parametrize("fn", ["solution", in_order_with_exit_stack])
+def test_fixed_train_accepts(fn, capsys):
+    fn = solution("train") if fn == "solution" else fn
+    accepts(check_fixed_train, fn, capsys)
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (colleague_train, "on 2 ranks: 96 of 96 samples were read by more than one rank"),
+    (sampler_only, "rank 0 made 12 all-reduces for 3 optimizer steps"),
+    (sampler_and_no_sync, "the checkpoint's keys start with 'module.'"),
+    (not_divided_by_k, "a learning rate 4 times too large: divide each micro-batch's loss by K"),
+    (never_synchronised, "rank 0 made 0 all-reduces for 3 optimizer steps"),
+    (no_checkpoint, "no checkpoint at checkpoint_path"),
+    (saved_before_training, "the checkpoint's 0.weight, 0.bias, 2.weight and 2.bias differ"),
+])
+def test_fixed_train_rejects(fn, hint, capsys):
+    rejects(check_fixed_train, fn, hint, capsys)
+
+
+@pytest.mark.parametrize("named, hint", [
+    ({"P03", "P09"}, "you missed P12 (checkpoint saved from the DDP wrapper"),
+    ({"P09", "P12"}, "you missed P03 (no DistributedSampler): running the colleague's function"),
+    ({"P03", "P09", "P12", "P04"}, "you named P04, but running the colleague's function"),
+])
+def test_pitfalls_named_rejects(named, hint, capsys):
+    result = check_fixed_train(solution("train"), lambda: named, timeout=FAST)
+    assert not result.passed and hint in result.message, result.message
+    capsys.readouterr()
+
+
+def test_the_colleagues_function_shows_its_three_pitfalls_at_both_sizes():
+    for n in (2, 3):
+        assert set(findings(run_script(colleague_train, n, FAST))) == {"P03", "P09", "P12"}
