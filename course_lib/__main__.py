@@ -21,6 +21,8 @@ COMMANDS = {
             "guide's lesson table into docs/"),
     "xray": ("course_lib.xray.cli",
              "run a DDP training script on N ranks and report the pitfalls it shows"),
+    "export": ("course_lib.export",
+               "write a notebook's training function as a script that torchrun runs"),
     "run-times": ("course_lib.authoring.run_times",
                   "write each notebook's measured time (from a test run) into the README"),
 }

@@ -117,6 +117,20 @@ def check_launch() -> list[Check]:
     ]
 
 
+def check_peer(peer: str | None, listen_port: int | None, wait: float) -> Check:
+    """--peer HOST:PORT or --listen PORT: the two ends of a multi-node reachability test."""
+    from course_lib.launching import peer as reach
+
+    if listen_port is not None:
+        result = reach.listen(listen_port, wait)
+        return Check(f"peer on port {listen_port}", PASS if result.ok else FAIL, result.detail)
+    host, _, port = (peer or "").rpartition(":")
+    if not host or not port.isdigit():
+        return Check("peer", FAIL, f"--peer wants HOST:PORT, e.g. node0:29500, not {peer!r}")
+    result = reach.probe(host, int(port), wait)
+    return Check(f"peer {peer}", PASS if result.ok else FAIL, result.detail)
+
+
 def run_doctor(checks: list[Callable[[], Check | list[Check]]] | None = None) -> list[Check]:
     results: list[Check] = []
     for check in checks or (check_python, check_packages, check_cores, check_gpus,
@@ -139,8 +153,18 @@ def format_table(results: list[Check]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """python -m course_lib doctor: print the table; exit 1 when a check failed."""
-    argparse.ArgumentParser(prog="python -m course_lib doctor",
-                            description=__doc__.splitlines()[0]).parse_args(argv or [])
-    results = run_doctor()
+    parser = argparse.ArgumentParser(prog="python -m course_lib doctor",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", metavar="HOST:PORT",
+                        help="only check that HOST:PORT is reachable from here and back "
+                             "(run `doctor --listen PORT` on HOST first)")
+    parser.add_argument("--listen", metavar="PORT", type=int,
+                        help="only answer one `doctor --peer` on PORT (before a multi-node "
+                             "launch, on the rendezvous node)")
+    parser.add_argument("--wait", type=float, default=10.0,
+                        help="seconds to wait for the other side (default 10)")
+    args = parser.parse_args(argv or [])
+    results = (run_doctor([lambda: check_peer(args.peer, args.listen, args.wait)])
+               if args.peer or args.listen else run_doctor())
     print(format_table(results))
     return 1 if any(c.status == FAIL for c in results) else 0

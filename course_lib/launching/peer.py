@@ -1,0 +1,116 @@
+"""Before a multi-node launch: can this node reach the other's port, and can it reach back?
+
+On node 0:      python -m course_lib doctor --listen 29500
+On each other:  python -m course_lib doctor --peer node0:29500
+
+The peer connects to HOST:PORT, names a port it listens on (on the address it used), and
+the listener connects back to it: both directions that gloo's full mesh needs. A failure
+names the problem (unknown host, nothing listening, no answer) instead of a hang at start-up.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+HELLO = "course-doctor-peer"
+
+
+@dataclass
+class Reach:
+    ok: bool
+    detail: str
+
+
+def interface_of(ip: str) -> str:
+    """The name of the interface that holds `ip` ("?" when none is found)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
+            return name
+    return "?"
+
+
+def probe(host: str, port: int, wait: float = 10.0) -> Reach:
+    """Connect to host:port (retrying for `wait` s while nothing listens yet), then ask the
+    listener there to connect back to this node."""
+    try:
+        socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return Reach(False, f"cannot resolve {host!r} ({exc.strerror}): use the name or "
+                            "address the other node has on the cluster's network")
+    conn = _connect(host, port, wait)
+    if isinstance(conn, Reach):
+        return conn
+    with conn:
+        local = conn.getsockname()[0]
+        there = f"{host}:{port} reached from {local} (interface {interface_of(local)})"
+        with socket.create_server((local, 0)) as back:
+            back.settimeout(5.0)
+            conn.sendall(f"{HELLO} {back.getsockname()[1]}\n".encode())
+            conn.settimeout(5.0)
+            try:
+                reply = conn.recv(200).decode(errors="replace").strip()
+            except OSError:
+                reply = ""
+            if not reply.startswith(HELLO):
+                return Reach(True, f"{there}; something else listens there (the rendezvous "
+                                   "already running?), so the way back was not tested: run "
+                                   f"`doctor --listen {port}` there before starting torchrun")
+            if reply != f"{HELLO} ok":
+                return Reach(False, f"{there}, but it could not connect back to {local}: "
+                                    f"{reply[len(HELLO):].strip()}; a firewall on this node, "
+                                    "or set GLOO_SOCKET_IFNAME to an interface it reaches")
+    return Reach(True, f"{there}; it connected back to {local}: both ways work")
+
+
+def _connect(host: str, port: int, wait: float) -> socket.socket | Reach:
+    deadline = time.monotonic() + wait
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return socket.create_connection((host, port), timeout=max(0.1, min(3.0, left)))
+        except ConnectionRefusedError:
+            if left <= 0.2:
+                return Reach(False, f"nothing listens on {host}:{port} (connection refused "
+                                    f"for {wait:g} s): start node 0 first, and check that "
+                                    "this is the port it was given")
+            time.sleep(0.2)
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                return Reach(False, f"no answer from {host}:{port} in {wait:g} s: a firewall "
+                                    "drops the packets, or the address is not one this node "
+                                    "can route to")
+        except OSError as exc:
+            return Reach(False, f"cannot connect to {host}:{port}: {exc.strerror or exc}")
+
+
+def listen(port: int, wait: float = 30.0) -> Reach:
+    """Answer one peer on `port`: connect back to the port it names, tell it how that went."""
+    try:
+        server = socket.create_server(("", port))
+    except OSError as exc:
+        return Reach(False, f"cannot listen on port {port}: {exc.strerror}; something else "
+                            "holds it (a torchrun still running?), or pick another port")
+    with server:
+        server.settimeout(wait)
+        try:
+            conn, (peer, _) = server.accept()
+        except TimeoutError:
+            return Reach(False, f"no peer connected to port {port} in {wait:g} s: run "
+                                f"`doctor --peer THIS_HOST:{port}` on the other node")
+    with conn:
+        conn.settimeout(5.0)
+        words = conn.recv(200).decode(errors="replace").split()
+        if len(words) != 2 or words[0] != HELLO:
+            return Reach(False, f"{peer} connected but is not `doctor --peer`")
+        try:
+            socket.create_connection((peer, int(words[1])), timeout=5.0).close()
+        except OSError as exc:
+            conn.sendall(f"{HELLO} {exc.strerror or exc}\n".encode())
+            return Reach(False, f"{peer} reached port {port}, but connecting back to "
+                                f"{peer}:{words[1]} failed: {exc.strerror or exc}")
+        conn.sendall(f"{HELLO} ok\n".encode())
+    return Reach(True, f"{peer} reached port {port}, and this node reached it back")

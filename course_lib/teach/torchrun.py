@@ -1,0 +1,179 @@
+"""Run torchrun from a notebook cell: its output streams live into the cell, each line
+labelled with the job that printed it, and no process it started outlives the cell
+(finished, failed, timed out or interrupted). Lesson 14."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# torchrun as this kernel's Python runs it: the course's virtual environment, whatever PATH says.
+TORCHRUN = f"{shlex.quote(sys.executable)} -m torch.distributed.run"
+# The course's SLURM batch script (one torchrun per node), explained in lesson 14.
+SLURM_TEMPLATE = Path(__file__).resolve().parents[2] / "scripts" / "slurm" / "train.sbatch"
+
+
+class TorchrunFailed(RuntimeError):
+    """A job that exited with an error or ran out of time; the message quotes its errors."""
+
+
+@dataclass
+class Job:
+    """One started command (a torchrun "node"): its process and every line it printed."""
+
+    label: str
+    command: list[str]
+    process: subprocess.Popen
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+    lines: list[str] = field(default_factory=list)
+    _partial: bytes = b""
+
+    @property
+    def seconds(self) -> float:
+        """How long it ran (until now, while it still runs)."""
+        return (self.ended or time.monotonic()) - self.started
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """`n` different TCP ports that nobody listens on now (the OS picks them), for
+    rendezvous endpoints. All are held until all are chosen, so none repeats."""
+    held = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port() -> int:
+    """One TCP port that nobody listens on now."""
+    return free_ports(1)[0]
+
+
+def start(command: str | Sequence[str], label: str = "torchrun",
+          env: dict[str, str] | None = None) -> Job:
+    """Start `command` (a string is split like a shell would) in its own process group, its
+    stderr merged into its stdout; `env` is added to this process's environment."""
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if not argv:
+        raise ValueError("start() needs a command, e.g. f'{TORCHRUN} --standalone ...'")
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})},
+                               start_new_session=True)
+    return Job(label, argv, process)
+
+
+def wait(*jobs: Job, timeout: float = 60.0, echo: bool = True) -> list[Job]:
+    """Print the jobs' lines as they come until every job has ended; then (and on a timeout
+    or an interrupt) kill whatever is left of them. Raises TorchrunFailed when a job exited
+    with an error or ran past `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    try:
+        _stream(jobs, deadline, echo)
+    finally:
+        for job in jobs:
+            _kill(job)
+    _raise_on_failure(jobs, timeout)
+    return list(jobs)
+
+
+def run(command: str | Sequence[str], label: str = "torchrun",
+        env: dict[str, str] | None = None, timeout: float = 60.0, echo: bool = True) -> Job:
+    """start() then wait(): one job, its output streamed live."""
+    return wait(start(command, label, env), timeout=timeout, echo=echo)[0]
+
+
+def _stream(jobs: Sequence[Job], deadline: float, echo: bool) -> None:
+    with selectors.DefaultSelector() as selector:
+        for job in jobs:
+            selector.register(job.process.stdout, selectors.EVENT_READ, job)
+        while selector.get_map() and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+                job = key.data
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    job.process.wait()
+                    job.ended = time.monotonic()
+                    chunk = b"\n" if job._partial else b""
+                _take(job, chunk, echo, label=len(jobs) > 1)
+
+
+def _take(job: Job, chunk: bytes, echo: bool, label: bool) -> None:
+    """Split a chunk into whole lines; keep an unfinished last line for later."""
+    *whole, job._partial = (job._partial + chunk).split(b"\n")
+    for raw in whole:
+        line = raw.decode(errors="replace").rstrip("\r")
+        job.lines.append(line)
+        if echo:
+            print(f"[{job.label}] {line}" if label else line, flush=True)
+
+
+def _kill(job: Job) -> None:
+    """SIGKILL the job's whole process group (torchrun and its workers), then reap it."""
+    try:
+        os.killpg(job.process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    job.process.wait()
+    job.process.stdout.close()
+    if job.ended is None:
+        job.ended = time.monotonic()
+
+
+def _raise_on_failure(jobs: Sequence[Job], timeout: float) -> None:
+    problems = []
+    for job in jobs:
+        code = job.process.returncode
+        if code == -signal.SIGKILL and job.seconds >= timeout - 0.5:
+            problems.append(f"{job.label}: still running after {timeout:g} s, killed")
+        elif code != 0:
+            problems.append(f"{job.label}: exit code {code} after {job.seconds:.1f} s\n"
+                            + "\n".join(f"    {line}" for line in error_lines(job.lines)))
+    if problems:
+        raise TorchrunFailed("\n".join(problems))
+
+
+def error_lines(lines: Sequence[str], most: int = 4) -> list[str]:
+    """The lines that name an error (torchrun's and the workers'), the last `most` of them."""
+    errors = [ln.strip() for ln in lines if "Error" in ln
+              and not ln.lstrip().startswith(("File ", "raise ", "^", "frame #"))]
+    unique = list(dict.fromkeys(errors))
+    return unique[-most:] or [ln.strip() for ln in lines[-most:]]
+
+
+def plot_jobs(jobs: Sequence[Job], title: str) -> object:
+    """One bar per job, from its start to its end, green when it exited 0 and red when not,
+    labelled with how it ended (the last error line it printed)."""
+    from course_lib.plots.style import BLUE, GREEN, HIGHLIGHT, new_figure
+
+    t0 = min(job.started for job in jobs)
+    fig = new_figure(9, 1.2 + 0.9 * len(jobs))
+    ax = fig.subplots()
+    for y, job in enumerate(jobs):
+        code = job.process.returncode
+        color = GREEN if code == 0 else (BLUE if code is None else HIGHLIGHT)
+        ax.barh(y, job.seconds, left=job.started - t0, color=color, height=0.5)
+        how = "exit 0" if code == 0 else f"exit {code}: " + error_lines(job.lines, 1)[0][-70:]
+        ax.text(job.started - t0 + 0.1, y + 0.33, f"{job.seconds:.1f} s, {how}", fontsize=8)
+    ax.set_yticks(range(len(jobs)), [job.label for job in jobs])
+    ax.set_ylim(len(jobs) - 0.3, -0.6)
+    ax.set_xlabel("seconds since the first start")
+    ax.set_title(title)
+    return fig
