@@ -245,12 +245,21 @@ def plot_losses(curves: dict[str, list[float]], reference: str):
     return fig
 
 
+def readable(n_bytes: float) -> str:
+    """Bytes with a binary unit and 4 significant digits: '16.03 MiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n_bytes) < 1024:
+            return f"{n_bytes:.4g} {unit}"
+        n_bytes /= 1024
+    return f"{n_bytes:.4g} TiB"
+
+
 def calculator():
     """A widget: parameters, world size, strategy, precision, optimizer and the largest unit
     -> bytes per rank, from `predict`."""
     import ipywidgets as widgets
 
-    n = widgets.FloatLogSlider(value=7e9, base=10, min=6, max=11, description="parameters")
+    n = widgets.FloatLogSlider(value=7e9, base=10, min=4, max=12, description="parameters")
     ranks = widgets.IntSlider(value=8, min=1, max=1024, description="world size")
     strategy = widgets.Dropdown(options=STRATEGIES, value="FSDP2", description="strategy")
     precision = widgets.Dropdown(options=list(PRECISIONS), value="bf16 mixed",
@@ -263,9 +272,8 @@ def calculator():
     def redraw(_: object = None) -> None:
         got = predict(int(n.value), ranks.value, strategy.value, precision.value,
                       optimizer.value, int(n.value * unit.value / 100))
-        lines = [f"{k}: {v / 2**30:,.2f} GiB" for k, v in got.items()]
-        total = sum(got.values()) / 2**30
-        lines.append(f"<b>per rank, without activations: {total:,.2f} GiB</b>")
+        lines = [f"{k}: {readable(v)}" for k, v in got.items()]
+        lines.append(f"<b>per rank, without activations: {readable(sum(got.values()))}</b>")
         out.value = "<br>".join(lines)
 
     for w in (n, ranks, strategy, precision, optimizer, unit):
