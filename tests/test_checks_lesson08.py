@@ -18,15 +18,25 @@ def with_link_seconds(compute_s, n_params, world_size, link):
 
 def in_bits_first(compute_s, n_params, world_size, link):
     bits_per_rank = 32 * n_params * (world_size - 1) * 2 / world_size
-    return compute_s + link.latency_ms * 1e-3 + bits_per_rank / link.gbit_per_s / 1e9
+    messages = 2 * (world_size - 1)
+    return compute_s + messages * link.latency_ms * 1e-3 + bits_per_rank / link.gbit_per_s / 1e9
+
+
+def latency_once(compute_s, n_params, world_size, link):
+    ring = 2 * (world_size - 1) / world_size
+    return compute_s + link.latency_ms / 1e3 + ring * 32 * n_params / (link.gbit_per_s * 1e9)
+
+
+def _latency(world_size, link):
+    return 2 * (world_size - 1) * link.latency_ms / 1e3
 
 
 def no_ring(compute_s, n_params, world_size, link):
-    return compute_s + link.latency_ms / 1e3 + 4 * n_params * 8 / (link.gbit_per_s * 1e9)
+    return compute_s + _latency(world_size, link) + 4 * n_params * 8 / (link.gbit_per_s * 1e9)
 
 
 def times_n(compute_s, n_params, world_size, link):
-    return compute_s + link.latency_ms / 1e3 + world_size * 32 * n_params / (
+    return compute_s + _latency(world_size, link) + world_size * 32 * n_params / (
         link.gbit_per_s * 1e9)
 
 
@@ -37,12 +47,12 @@ def no_latency(compute_s, n_params, world_size, link):
 
 def bytes_as_bits(compute_s, n_params, world_size, link):
     ring = 2 * (world_size - 1) / world_size
-    return compute_s + link.latency_ms / 1e3 + ring * 4 * n_params / (link.gbit_per_s * 1e9)
+    return compute_s + _latency(world_size, link) + ring * 4 * n_params / (link.gbit_per_s * 1e9)
 
 
 def no_compute(compute_s, n_params, world_size, link):
     ring = 2 * (world_size - 1) / world_size
-    return link.latency_ms / 1e3 + ring * 32 * n_params / (link.gbit_per_s * 1e9)
+    return _latency(world_size, link) + ring * 32 * n_params / (link.gbit_per_s * 1e9)
 
 
 def in_milliseconds(compute_s, n_params, world_size, link):
@@ -56,6 +66,7 @@ def test_predict_step_time_accepts(fn, capsys):
 
 
 @pytest.mark.parametrize(("fn", "hint"), [
+    (latency_once, "you counted the latency once"),
     (no_ring, "you left out the ring factor"),
     (times_n, "you multiplied by N"),
     (no_latency, "you left out the link's latency"),

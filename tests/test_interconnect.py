@@ -14,6 +14,7 @@ from course_lib.teach.interconnect import (
     PRESETS,
     Link,
     OnLink,
+    crossover,
     efficiency,
     hook_on_link,
     network_interfaces,
@@ -23,14 +24,24 @@ from course_lib.teach.interconnect import (
 )
 
 
-def test_ring_cost_is_latency_plus_two_n_minus_one_over_n_of_the_bytes():
+def test_ring_cost_is_two_n_minus_one_latencies_plus_two_n_minus_one_over_n_of_the_bytes():
     link = Link(gbit_per_s=8, latency_ms=1)  # 1 GB/s
     assert link.seconds(10**9, 1) == 0.0
-    assert link.seconds(10**9, 2) == pytest.approx(0.001 + 1.0)
-    assert link.seconds(10**9, 4) == pytest.approx(0.001 + 1.5)
-    assert predict_step(0.5, 10**9, 4, link, calls=2) == pytest.approx(0.5 + 0.002 + 1.5)
+    assert link.seconds(10**9, 2) == pytest.approx(2 * 0.001 + 1.0)
+    assert link.seconds(10**9, 4) == pytest.approx(6 * 0.001 + 1.5)
+    assert predict_step(0.5, 10**9, 4, link, calls=2) == pytest.approx(0.5 + 0.012 + 1.5)
     assert efficiency(0.5, 2.0) == 0.25
     assert PRESETS["10 GbE"].gbit_per_s == 10
+
+
+def test_crossover_is_where_one_all_reduce_outlasts_the_compute():
+    slow = Link(gbit_per_s=8, latency_ms=1)  # 1 GB/s: 1 MB takes 1 ms on 2 ranks
+    assert crossover(0.0005, 10**6, slow) == 2  # dominated from the first pair of ranks
+    # latency-bound: 10 bytes, 2(N-1) ms of latency reach 10 ms at N = 6
+    assert crossover(0.010, 10, slow) == 6
+    # bandwidth-bound: 2(N-1)/N of 1 GB stays under 2 s, plus at most 126 ms of latency
+    assert crossover(3.0, 10**9, slow) is None
+    assert crossover(0.001, 0, Link(gbit_per_s=float("inf"), latency_ms=0)) is None
 
 
 def test_bad_link_or_calls_are_refused():
@@ -56,7 +67,7 @@ def _one_backward(link, compress=False):
 
 def test_the_link_delays_by_the_model_and_changes_no_result():
     plain = launch(_one_backward, 3, args=(None,)).results
-    link = Link(gbit_per_s=0.01, latency_ms=20)  # 10 Mbit/s: 40 KB take 43 ms on 3 ranks
+    link = Link(gbit_per_s=0.01, latency_ms=20)  # 10 Mbit/s: 40 KB take 107 ms on 3 ranks
     slow = launch(_one_backward, 3, args=(link,)).results
     nbytes = 4 * (100 * 100 + 100)
     for (grad, _, _), (slow_grad, seconds, sent) in zip(plain, slow):

@@ -18,15 +18,21 @@ from course_lib.checks.result import CheckResult
 from course_lib.teach.interconnect import Link, simulated_link
 
 # A slow link and a model whose all-reduce dominates the step: 0.13 M parameters (0.53 MB)
-# at 0.2 Gbit/s take 26-37 ms on 2-3 ranks; a step's compute here takes ~1-3 ms.
+# at 0.2 Gbit/s with 4 ms a message take 29 ms on 2 ranks, 44 ms on 3; a step's compute
+# here takes ~1-3 ms.
 LINK = Link(gbit_per_s=0.2, latency_ms=4, name="check link")
 WIDTH = 360
 STEPS = 6
 WORLD_SIZES = (2, 3)
+INSTANT = Link(gbit_per_s=float("inf"), latency_ms=0, name="instant")
+# A compute time at which no two known mistakes give the same answer at 2 or 3 ranks (the
+# measured one may: latency once with compute = 12 ms is no compute at 3 ranks): the hint
+# is chosen from the answer's prediction for it.
+PROBE_S = 0.001
 # Measured against predicted: sleeps are exact to ~0.1 ms, but on a loaded 2-core machine
-# the compute measured without the link (passed to the learner) moves by a few ms from run to
-# run (26.9 ms measured against 30.9 predicted in one run). Known wrong formulas are caught
-# first, exactly; this tolerance only guards against a formula of another shape.
+# the compute measured on an instant link (passed to the learner) moves by a few ms from run
+# to run. Known wrong formulas are caught first, exactly; this tolerance only guards against
+# a formula of another shape.
 RTOL, ATOL_S = 0.2, 0.004
 
 
@@ -53,24 +59,30 @@ def _median_step(model: nn.Module, steps: int) -> float:
 
 
 def _measure_on_rank(fn: Callable, link: Link) -> dict[str, Any]:
-    """Compute time (DDP on loopback), then the step time on `link`, and fn's prediction."""
+    """Compute time (the hook on an instant link: loopback and the hook's threads, no wait),
+    then the step time on `link`, and fn's prediction."""
     plain = DDP(make_model(), bucket_cap_mb=100)
+    plain.register_comm_hook(INSTANT, simulated_link)
     compute_s = _median_step(plain, STEPS)
     linked = DDP(make_model(), bucket_cap_mb=100)
     linked.register_comm_hook(link, simulated_link)
     measured = _median_step(linked, STEPS)
     n = dist.get_world_size()
     predicted = float(fn(compute_s, n_params(), n, link))
-    return {"compute": compute_s, "measured": measured, "predicted": predicted}
+    probe = float(fn(PROBE_S, n_params(), n, link))
+    return {"compute": compute_s, "measured": measured, "predicted": predicted, "probe": probe}
 
 
 def _wrong_formulas(compute: float, n: int, link: Link) -> dict[str, float]:
     """What common mistakes predict, with the hint each deserves."""
     nbytes = 4 * n_params()
     bw = link.gbit_per_s * 1e9
-    lat = link.latency_ms / 1e3
+    lat = 2 * (n - 1) * link.latency_ms / 1e3
     ring = 2 * (n - 1) / n
     return {
+        "you counted the latency once: a ring all-reduce is 2(N-1) messages (N-1 to "
+        "reduce-scatter, N-1 to all-gather), each paying it":
+            compute + link.latency_ms / 1e3 + ring * nbytes * 8 / bw,
         "you left out the ring factor: each rank sends 2(N-1)/N of the bytes, not the bytes "
         "once": compute + lat + nbytes * 8 / bw,
         "you multiplied by N: a ring all-reduce sends 2(N-1)/N of the bytes per rank, which "
@@ -95,16 +107,17 @@ def _judge(results: list[dict[str, Any]], n: int, link: Link) -> str:
     measured, predicted, compute = got["measured"], got["predicted"], got["compute"]
     said = (f"on {n} ranks your prediction was {predicted * 1e3:.1f} ms a step, the simulator "
             f"measured {measured * 1e3:.1f} ms (compute {compute * 1e3:.1f} ms)")
-    true = _true(compute, n, link)
-    for hint, value in _wrong_formulas(compute, n, link).items():
-        if _near(predicted, value) and not _near(value, true):
+    true = _true(PROBE_S, n, link)
+    for hint, value in _wrong_formulas(PROBE_S, n, link).items():
+        if _near(got["probe"], value) and not _near(value, true):
             raise Rejected(f"{said}: {hint}.")
     if abs(predicted - measured) <= ATOL_S + RTOL * measured:
         return f"{n} ranks: predicted {predicted * 1e3:.1f} ms, measured {measured * 1e3:.1f} ms"
     if predicted > 10 * measured or predicted < measured / 10:
         raise Rejected(f"{said}: check the units: return seconds, latency_ms is in "
                        "milliseconds, gbit_per_s in gigabits per second.")
-    raise Rejected(f"{said}. A step is compute + latency + 2(N-1)/N x bytes x 8 / bandwidth.")
+    raise Rejected(f"{said}. A step is compute + 2(N-1) x latency + 2(N-1)/N x bytes x 8 / "
+                   "bandwidth.")
 
 
 def _near(a: float, b: float) -> bool:

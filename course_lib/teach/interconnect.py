@@ -3,19 +3,23 @@
     model.register_comm_hook(PRESETS["10 GbE"], simulated_link)   # DDP's average, on a link
     model.register_comm_hook(OnLink(link, powerSGD_hook, state), hook_on_link)  # any hook
     predict_step(compute_s, nbytes, world_size, link)   # the same model, on paper
+    crossover(compute_s, nbytes, link)                  # where communication dominates
     network_interfaces()                                # which interface gloo would use
 
-Each all-reduce costs, on a ring of N ranks, the link's latency plus 2(N-1)/N of the bytes
-at its bandwidth: each rank sends and receives that share in a ring all-reduce (the bandwidth
-term of Thakur, Rabenseifner and Gropp, "Optimization of Collective Communication Operations
-in MPICH", 2005; their latency term grows with N too, which we leave out). Each rank has one
-queue per link: an all-reduce starts when the previous one has left the link. The real
-all-reduce still runs on loopback, so results are exactly those of DDP without the hook.
+A ring all-reduce on N ranks takes 2(N-1) steps (N-1 of reduce-scatter, N-1 of all-gather);
+each step pays the link's latency and carries 1/N of the buffer, so each all-reduce costs
+2(N-1) x latency + 2(N-1)/N x bytes / bandwidth (Thakur, Rabenseifner and Gropp,
+"Optimization of Collective Communication Operations in MPICH", 2005). Each rank has one
+queue per link: a transfer starts when the previous one has left the link. The real
+all-reduce still runs on loopback, so results are exactly those of DDP without the hook; the
+link's time is added AFTER it, so a step on the link is the step on loopback plus the link's
+time (on a shared CPU the loopback all-reduce is not free: it waits for ranks the OS parked).
 
 No `from __future__ import annotations`: DDP checks a comm hook's annotations at runtime.
 """
 
 import socket
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +34,7 @@ MB = 1e6
 
 @dataclass(frozen=True)
 class Link:
-    """A link between ranks: `gbit_per_s` each way, `latency_ms` per all-reduce."""
+    """A link between ranks: `gbit_per_s` each way, `latency_ms` per message (per ring step)."""
 
     gbit_per_s: float
     latency_ms: float = 0.5
@@ -42,12 +46,13 @@ class Link:
                              f"got {self.gbit_per_s} and {self.latency_ms}")
 
     def seconds(self, nbytes: int, world_size: int = 2) -> float:
-        """One ring all-reduce of `nbytes` over `world_size` ranks: the latency plus
+        """One ring all-reduce of `nbytes` over `world_size` ranks: 2(N-1) latencies plus
         2(N-1)/N of the bytes at the bandwidth (0 for one rank: nothing crosses a link)."""
         if world_size < 2:
             return 0.0
-        ring = 2 * (world_size - 1) / world_size
-        return self.latency_ms / 1e3 + ring * nbytes * 8 / (self.gbit_per_s * 1e9)
+        steps = 2 * (world_size - 1)
+        return (steps * self.latency_ms / 1e3
+                + steps / world_size * nbytes * 8 / (self.gbit_per_s * 1e9))
 
     def label(self) -> str:
         return self.name or f"{self.gbit_per_s:g} Gbit/s, {self.latency_ms:g} ms"
@@ -70,36 +75,40 @@ PRESETS = {
 
 
 class _LinkQueue:
-    """One rank's queue on one link: each transfer's Future completes when the modelled link
-    has carried it (and the real all-reduce is done). Each waits on its own thread, so that a
-    hook's callback may issue and wait for the next all-reduce (PowerSGD does)."""
+    """One rank's queue on one link: each transfer's Future completes when the real
+    all-reduce is done and the modelled link has then carried it. Each waits on its own
+    thread, so that a hook's callback may issue and wait for the next all-reduce (PowerSGD)."""
 
     def __init__(self) -> None:
         self.free_at = 0.0
         self.calls = 0
         self.bytes = 0
+        self.lock = threading.Lock()
 
     def send(self, seconds: float, nbytes: int, real: torch.futures.Future
              ) -> torch.futures.Future:
-        """A Future with `real`'s value, completed no sooner than the link allows."""
-        start = max(time.perf_counter(), self.free_at)
-        self.free_at = start + seconds
+        """A Future with `real`'s value, completed `seconds` after both `real` and the
+        previous transfer on this link are done."""
         self.calls += 1
         self.bytes += nbytes
         out: torch.futures.Future = torch.futures.Future()
-        threading.Thread(target=_deliver, args=(self.free_at, real, out), daemon=True,
+        threading.Thread(target=self._deliver, args=(seconds, real, out), daemon=True,
                          name="simulated-link").start()
         return out
 
-
-def _deliver(done_at: float, real: torch.futures.Future, out: torch.futures.Future) -> None:
-    """Complete `out` with `real`'s value at `done_at` (perf_counter), or with its error."""
-    try:
-        value = real.wait()
+    def _deliver(self, seconds: float, real: torch.futures.Future,
+                 out: torch.futures.Future) -> None:
+        """Complete `out` with `real`'s value once the link has carried it, or with its error."""
+        try:
+            value = real.wait()
+        except RuntimeError as err:  # the real all-reduce failed (gloo): pass its error on
+            out.set_exception(err)
+            return
+        with self.lock:
+            done_at = max(time.perf_counter(), self.free_at) + seconds
+            self.free_at = done_at
         time.sleep(max(0.0, done_at - time.perf_counter()))
         out.set_result(value)
-    except RuntimeError as err:  # the real all-reduce failed (gloo): pass its error on
-        out.set_exception(err)
 
 
 _QUEUES: dict[Link, _LinkQueue] = {}
@@ -193,8 +202,8 @@ def hook_on_link(on: OnLink, bucket: dist.GradBucket) -> torch.futures.Future[to
 
 def predict_step(compute_s: float, nbytes: int, world_size: int, link: Link,
                  calls: int = 1) -> float:
-    """Seconds per step: compute, then `calls` all-reduces sharing `nbytes` on `link`, with
-    no overlap (one bucket: the all-reduce starts when the backward ends)."""
+    """Seconds per step: compute (the step on loopback), then `calls` all-reduces sharing
+    `nbytes` on `link`, with no overlap (one bucket: it starts when the backward ends)."""
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
     return compute_s + calls * link.seconds(nbytes / calls, world_size)
@@ -203,6 +212,13 @@ def predict_step(compute_s: float, nbytes: int, world_size: int, link: Link,
 def efficiency(compute_s: float, step_s: float) -> float:
     """Weak-scaling efficiency: the share of a step spent computing (1.0: N ranks, N x)."""
     return compute_s / step_s
+
+
+def crossover(compute_s: float, nbytes: int, link: Link, max_world: int = 64) -> int | None:
+    """The smallest world size at which one all-reduce of `nbytes` on `link` takes at least
+    the compute (efficiency <= 50%: communication dominates), None up to `max_world`."""
+    return next((n for n in range(2, max_world + 1) if link.seconds(nbytes, n) >= compute_s),
+                None)
 
 
 # -- which interface a backend would use ------------------------------------------------------
@@ -233,37 +249,93 @@ def network_interfaces() -> list[dict[str, str]]:
 
 # -- pictures ---------------------------------------------------------------------------------
 
-def plot_scaling(compute_s: float, nbytes: int, links: dict[str, Link],
-                 measured: dict[int, float] | None = None,
-                 predicted: dict[int, float] | None = None,
+def plot_scaling(models: dict[str, tuple[float, int]], links: dict[str, Link],
+                 measured: dict[int, tuple[float, float, float]] | None = None,
                  sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64), title: str = ""):
-    """Predicted weak-scaling efficiency against world size, one line per link; `measured`
-    {world size: step seconds} from real ranks drawn as points beside their `predicted`."""
+    """Predicted weak-scaling efficiency against world size, one panel per model of `models`
+    {name: (compute seconds, gradient bytes)}, one line per link, each line's crossover
+    (communication = compute) starred. `measured` {world size: (one rank's step, measured
+    step, predicted step)} from real ranks is drawn on the first panel."""
     from course_lib.plots.style import HIGHLIGHT, LINESTYLES, MARKERS, RANK_COLORS, new_figure
 
-    fig = new_figure(7.5, 3.6)
+    fig = new_figure(11, 5.2)
+    axes = fig.subplots(1, len(models), sharey=True)
+    for ax, (model, (compute_s, nbytes)) in zip(axes, models.items()):
+        for i, (name, link) in enumerate(links.items()):
+            _scaling_line(ax, compute_s, nbytes, name, link, sizes,
+                          RANK_COLORS[i % len(RANK_COLORS)], MARKERS[i % len(MARKERS)],
+                          LINESTYLES[i % len(LINESTYLES)])
+        if measured and ax is axes[0]:
+            _measured_points(ax, measured, HIGHLIGHT)
+        ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        ax.text(sizes[-1], 0.52, "communication = compute", ha="right", fontsize="x-small")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([1, *sizes], [str(n) for n in (1, *sizes)])
+        ax.minorticks_off()
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("world size (ranks)")
+        ax.set_title(f"{model}: {nbytes / MB:.1f} MB of gradients, "
+                     f"{compute_s * 1e3:.1f} ms compute a step", fontsize="small")
+        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+    axes[0].set_ylabel("efficiency = one rank's step / step")
+    fig.suptitle(title or "Weak-scaling efficiency (star: where communication starts to "
+                 "dominate)", fontsize="medium")
+    return fig
+
+
+def _scaling_line(ax: Any, compute_s: float, nbytes: int, name: str, link: Link,
+                  sizes: tuple[int, ...], color: str, marker: str, style: Any) -> None:
+    eff = [efficiency(compute_s, predict_step(compute_s, nbytes, n, link)) for n in sizes]
+    at = crossover(compute_s, nbytes, link, sizes[-1])
+    where = "never" if at is None else f"from {at}"
+    ax.plot(sizes, eff, color=color, marker=marker, linestyle=style, ms=4,
+            label=f"{name} (dominates {where})")
+    if at is not None:
+        at_eff = efficiency(compute_s, predict_step(compute_s, nbytes, at, link))
+        ax.plot([at], [at_eff], marker="*", ms=15, color=color, mec="black", zorder=5)
+
+
+def _measured_points(ax: Any, measured: dict[int, tuple[float, float, float]],
+                     color: str) -> None:
+    ns = sorted(measured)
+    ax.plot(ns, [efficiency(measured[n][0], measured[n][1]) for n in ns], "o", ms=10,
+            color=color, fillstyle="none", mew=2, label="measured here, 1 GbE (real ranks)")
+    ax.plot(ns, [efficiency(measured[n][0], measured[n][2]) for n in ns], "x--", ms=8,
+            lw=0.8, color="black", label="predicted for those runs")
+
+
+def plot_bucket_sweep(sweep: dict[float, dict[str, Any]], link: Link, loopback_ms: float):
+    """Step time against bucket_cap_mb: `sweep` {cap: {"ms": [step ms per repeat],
+    "buckets": all-reduces a step}}, the spread of repeats as error bars, the mechanism that
+    costs time at each end labelled, and the step without the link for reference."""
+    from course_lib.plots.style import HIGHLIGHT, RANK_COLORS, new_figure
+
+    caps = sorted(sweep)
+    mid = [statistics.median(sweep[c]["ms"]) for c in caps]
+    low = [m - min(sweep[c]["ms"]) for m, c in zip(mid, caps)]
+    high = [max(sweep[c]["ms"]) - m for m, c in zip(mid, caps)]
+    fig = new_figure(8, 3.8)
     ax = fig.subplots()
-    for i, (name, link) in enumerate(links.items()):
-        eff = [efficiency(compute_s, predict_step(compute_s, nbytes, n, link)) for n in sizes]
-        ax.plot(sizes, eff, color=RANK_COLORS[i % len(RANK_COLORS)], marker=MARKERS[i % 4],
-                linestyle=LINESTYLES[i % len(LINESTYLES)], label=f"predicted, {name}")
-    if measured:
-        ns = sorted(measured)
-        ax.plot(ns, [efficiency(compute_s, measured[n]) for n in ns], "o", ms=9,
-                color=HIGHLIGHT, fillstyle="none", mew=2, label="measured here (real ranks)")
-    if predicted:
-        ns = sorted(predicted)
-        ax.plot(ns, [efficiency(compute_s, predicted[n]) for n in ns], "x", ms=8,
-                color="black", label="predicted for those runs")
-    ax.axhline(0.5, color="grey", lw=0.8, ls=":")
-    ax.text(sizes[-1], 0.52, "communication = compute", ha="right", fontsize="x-small")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks([1, *sizes], [str(n) for n in (1, *sizes)])
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("efficiency (1 = N ranks, N x)")
-    ax.set_title(title or "Weak-scaling efficiency: compute / step time", fontsize="medium")
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.errorbar(caps, mid, yerr=[low, high], marker="o", color=RANK_COLORS[0], capsize=4,
+                label=f"step on {link.label()} (median, bars: min-max of repeats)")
+    for cap, m in zip(caps, mid):
+        ax.annotate(f"{sweep[cap]['buckets']:g} bucket(s)", (cap, m), textcoords="offset points",
+                    xytext=(8, -14), ha="left", fontsize="x-small")
+    ax.axhline(loopback_ms, color="grey", ls=":", lw=1, label="same step without the link")
+    top = max(m + h for m, h in zip(mid, high))
+    ax.text(caps[0], top * 1.12, "many buckets:\neach pays 2(N-1) latencies", ha="left",
+            va="top", fontsize="x-small", color=HIGHLIGHT)
+    ax.text(caps[-1], top * 1.12, "one bucket: the link starts\nonly when backward ends",
+            ha="right", va="top", fontsize="x-small", color=HIGHLIGHT)
+    ax.set_xscale("log")
+    ax.set_xticks(caps, [f"{c:g}" for c in caps])
+    ax.minorticks_off()
+    ax.set_ylim(0, top * 1.18)
+    ax.set_xlabel("bucket_cap_mb")
+    ax.set_ylabel("ms per step")
+    ax.set_title("Bucket size on a slow, high-latency link: latency x buckets against overlap",
+                 fontsize="medium")
+    ax.legend(fontsize="x-small", loc="lower center")
     return fig
 
 
