@@ -28,9 +28,9 @@ from course_lib.telemetry import Recorder
 
 
 def test_link_seconds_are_latency_plus_bytes_over_bandwidth():
-    link = SlowLink(gbit_per_s=2, latency_ms=1.5)
-    assert link.seconds(0) == pytest.approx(1.5e-3)
-    assert link.seconds(250_000_000) == pytest.approx(1.5e-3 + 1.0)  # 2 Gbit = 250 MB
+    link = SlowLink(gbit_per_s=2, latency_ms=1.5)  # 2 ranks: a ring of 2(N-1) = 2 messages
+    assert link.seconds(0) == pytest.approx(2 * 1.5e-3)
+    assert link.seconds(250_000_000) == pytest.approx(2 * 1.5e-3 + 1.0)  # 2 Gbit = 250 MB
 
 
 @pytest.mark.parametrize("gbit, latency", [(0, 0.5), (-1, 0.5), (1, -0.1)])
