@@ -82,6 +82,13 @@ def never_synchronised(model, optimizer, dataset, checkpoint_path):
     _save(model, checkpoint_path)
 
 
+def printing_on_every_rank(model, optimizer, dataset, checkpoint_path):
+    """Right in every measured way, but every rank prints the same log line (P16)."""
+    _loop(model, optimizer, _sampled(dataset))
+    print("training done, saving the checkpoint")
+    _save(model, checkpoint_path)
+
+
 def no_checkpoint(model, optimizer, dataset, checkpoint_path):
     _loop(model, optimizer, _sampled(dataset))
 
@@ -99,6 +106,9 @@ def test_fixed_train_accepts(fn, capsys):
 
 @pytest.mark.parametrize("fn, hint", [
     (colleague_train, "on 2 ranks: 96 of 96 samples were read by more than one rank"),
+    (colleague_train, "On this run the x-ray found: P03 (rank 0 and rank 1 read the same"),
+    (sampler_only, "On this run the x-ray found: P09 ("),
+    (printing_on_every_rank, "on 2 ranks the x-ray found: P16 ("),
     (sampler_only, "rank 0 made 12 all-reduces for 3 optimizer steps"),
     (sampler_and_no_sync, "the checkpoint's keys start with 'module.'"),
     (not_divided_by_k, "a learning rate 4 times too large: divide each micro-batch's loss by K"),

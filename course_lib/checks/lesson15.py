@@ -2,10 +2,12 @@
 without DistributedSampler, accumulation without no_sync(), a checkpoint saved from the
 DDP wrapper), and name the pitfalls it had.
 
-What each check measures on the ranks: which dataset indices every rank read, the
+What the check measures on the ranks: which dataset indices every rank read, the
 all-reduces DDP made (a recording comm hook), the optimizer steps, the final weights, and
-the checkpoint rank 0 wrote. The truth is one process doing SGD on the samples the ranks
-read, step by step, with the mean loss over each step's global batch."""
+the checkpoint rank 0 wrote, loaded into a plain model as evaluation code would. The truth
+is one process doing SGD on the samples the ranks read, step by step, with the mean loss
+over each step's global batch. The same scene also runs under the course's x-ray
+(`course_lib.xray`), whose confirmed findings reject an answer and appear in every hint."""
 
 from __future__ import annotations
 
@@ -74,15 +76,31 @@ class RecordingData(Dataset):
 
 
 def _train_on_rank(fn: Callable, folder: str) -> dict[str, Any]:
-    """fn(model, optimizer, dataset, checkpoint_path) on this rank; what it did."""
+    """fn(model, optimizer, dataset, checkpoint_path) on this rank, then the checkpoint
+    loaded into a plain model (as evaluation code would); what it all did."""
     model = DDP(make_model())
     rec = Recorder()
     rec.watch_ddp(model, grads=False)  # one row per all-reduce DDP makes
     optimizer = RecordingSGD(model.parameters(), lr=LR)
     dataset = RecordingData(dataset_size(dist.get_world_size()))
-    fn(model, optimizer, dataset, str(Path(folder) / CHECKPOINT))
+    path = Path(folder) / CHECKPOINT
+    fn(model, optimizer, dataset, str(path))
+    dist.barrier()  # the check's own: every rank is done before the file is read
     return {"reads": dataset.reads, "allreduces": len(rec.telemetry().comms),
-            "optimizer_steps": len(optimizer.seen), "weights": state_snapshot(model.module)}
+            "optimizer_steps": len(optimizer.seen), "weights": state_snapshot(model.module),
+            "load_error": _load_error(path)}
+
+
+def _load_error(path: Path) -> str | None:
+    """None when the checkpoint at `path` loads into a plain model, else the first line of
+    the error (what an evaluation script meets)."""
+    if not path.exists():
+        return None  # judged in the kernel: no checkpoint
+    try:
+        make_model().load_state_dict(torch.load(path, map_location="cpu"))
+    except (RuntimeError, TypeError, AttributeError, KeyError) as error:
+        return " ".join(line.strip() for line in str(error).splitlines()[:2])[:200]
+    return None
 
 
 def run_script(fn: Callable, world_size: int, timeout: float = CHECK_TIMEOUT) -> dict[str, Any]:
@@ -112,6 +130,24 @@ def reference(reads: list[list[int]], world_size: int, lr: float = LR) -> dict[s
     return state_snapshot(model)
 
 
+def xray_of(fn: Callable, world_size: int, timeout: float = CHECK_TIMEOUT) -> list[Any]:
+    """The x-ray's confirmed findings on the same scene (course_lib.xray, lesson 15)."""
+    from course_lib.xray import xray
+
+    with tempfile.TemporaryDirectory(prefix="lesson15-xray-") as folder:
+        report = xray(_train_on_rank, world_size, args=(fn, folder), timeout=timeout,
+                      echo=False)
+    return [f for f in report.findings if f.certainty == "confirmed"]
+
+
+def xray_summary(found: list[Any]) -> str:
+    """One line per finding: what the x-ray saw, with its lesson."""
+    if not found:
+        return "the x-ray found no pitfall."
+    return "the x-ray found: " + "; ".join(f"{f.id} ({f.evidence}; read {f.lesson})"
+                                           for f in found)
+
+
 # -- what a run shows ---------------------------------------------------------------------------
 
 def findings(run: dict[str, Any]) -> dict[str, str]:
@@ -129,10 +165,11 @@ def findings(run: dict[str, Any]) -> dict[str, str]:
         found["P09"] = (f"rank 0 made {first['allreduces']} all-reduces for "
                         f"{first['optimizer_steps']} optimizer steps: every backward "
                         "synchronises; run the first K-1 micro-batches inside model.no_sync()")
-    saved = run["checkpoint"]
+    saved, load_error = run["checkpoint"], first["load_error"]
     if isinstance(saved, dict) and any(str(k).startswith("module.") for k in saved):
         found["P12"] = ("the checkpoint's keys start with 'module.' (e.g. "
-                        f"{next(iter(saved))!r}): save model.module.state_dict()")
+                        f"{next(iter(saved))!r}), and loading it into the plain model "
+                        f"failed: {load_error or 'no error?'}; save model.module.state_dict()")
     return found
 
 
@@ -150,11 +187,18 @@ def check_fixed_train(fn: Callable, pitfalls_found: Callable | None = None,
         if pitfalls_found is not None:
             named = _judge_names(pitfalls_found, timeout) + " "
         for n in WORLD_SIZES:
-            _judge_fix(run_script(fn, n, timeout))
+            run = run_script(fn, n, timeout)
+            found = xray_of(fn, n, timeout)
+            try:
+                _judge_fix(run)
+            except Rejected as rejected:
+                raise Rejected(f"{rejected}\n  On this run {xray_summary(found)}") from None
+            if found:
+                raise Rejected(f"on {n} ranks {xray_summary(found)}")
         return (f"{named}On {listing(WORLD_SIZES)} ranks, {STEPS} optimizer steps of {K} "
                 f"micro-batches: every sample read once, one all-reduce per optimizer step, "
-                "the weights of one process on the same global batches, and a checkpoint "
-                "that a plain model loads.")
+                "the weights of one process on the same global batches, a checkpoint "
+                "that a plain model loads, and the x-ray found no pitfall.")
     return run_check("check_fixed_train", fn, judge)
 
 
@@ -222,7 +266,7 @@ def _judge_checkpoint(saved: Any, weights: dict[str, torch.Tensor], where: str) 
     plain = make_model()
     try:
         plain.load_state_dict(saved)
-    except (RuntimeError, TypeError, AttributeError) as error:
+    except (RuntimeError, TypeError, AttributeError, KeyError) as error:
         first = str(error).splitlines()[0]
         raise Rejected(f"{where}the checkpoint does not load into the plain model: "
                        f"{first[:200]}") from None
