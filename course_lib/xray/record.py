@@ -38,15 +38,15 @@ def where(skip: int = 1) -> str:
     while frame is not None:
         name = frame.f_code.co_filename
         if is_own(name):
-            return f"{_short(name)}:{frame.f_lineno}"
+            return location(name, frame.f_lineno)
         frame = frame.f_back
     return ""
 
 
-def _short(path: str) -> str:
-    """A path relative to the working folder when it lies inside it."""
+def location(path: str, line: int) -> str:
+    """"file:line", the path relative to the working folder when it lies inside it."""
     rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
+    return f"{path if rel.startswith('..') else rel}:{line}"
 
 
 def note(kind: str, where_: str | None = None, **fields: Any) -> dict[str, Any]:

@@ -97,9 +97,9 @@ class Report:
                 lines.append(f"      where:    {f.where}")
             lines.append(f"      read:     {f.lesson}")
         if self.checked:
-            lines.append("Checked: " + "; ".join(self.checked))
+            lines += ["Checked, not found:", *(f"  {c}" for c in self.checked)]
         if self.not_checked:
-            lines.append("Not checked: " + "; ".join(self.not_checked))
+            lines += ["Could not check:", *(f"  {c}" for c in self.not_checked)]
         if self.error:
             lines += ["", "The run's error (root cause first):", self.error]
         return "\n".join(lines)

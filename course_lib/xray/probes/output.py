@@ -1,9 +1,12 @@
-"""Probe: what each rank prints, and from which line of the learner's code."""
+"""Probe: what each rank prints (print() and the logging module's console handlers), and
+from which line of the learner's code."""
 
 from __future__ import annotations
 
 import builtins
+import functools
 import io
+import logging
 import sys
 from typing import Any
 
@@ -14,8 +17,20 @@ MAX_TEXT = 200  # characters of a printed line kept for the evidence
 
 
 def install() -> None:
-    """Record every print() the learner's code makes to stdout or stderr."""
+    """Record every print() and log record the learner's code writes to stdout or stderr."""
     builtins.print = _print
+    logging.StreamHandler.emit = _emit(logging.StreamHandler.emit)
+
+
+def _emit(real: Any) -> Any:
+    @functools.wraps(real)
+    def emit(self: logging.StreamHandler, rec: logging.LogRecord) -> None:
+        real(self, rec)
+        if self.stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) \
+                and record.is_own(rec.pathname):
+            record.note("print", record.location(rec.pathname, rec.lineno),
+                        text=rec.getMessage()[:MAX_TEXT])
+    return emit
 
 
 def _print(*args: Any, **kwargs: Any) -> None:
