@@ -17,7 +17,9 @@ from course_lib.xray.report import Finding, Report, finding
 
 __all__ = ["xray", "Report", "Finding", "finding"]
 
-PG_TIMEOUT_S = 10.0  # a hang ends this soon after its collective began (at most timeout - 1)
+# A hang ends this soon after its collective began: a quarter of the run's timeout, at most
+# 30 s (launch's default), at least 1 s; a collective that waits longer for a slow peer fails.
+PG_TIMEOUT_MAX_S = 30.0
 
 
 def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 60.0,
@@ -31,7 +33,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     from course_lib.xray.tidy import tidy
     from course_lib.xray.worker import observed
 
-    launch_kwargs.setdefault("pg_timeout", max(1.0, min(PG_TIMEOUT_S, timeout - 1.0)))
+    launch_kwargs.setdefault("pg_timeout", max(1.0, min(PG_TIMEOUT_MAX_S, timeout / 4)))
     title = title or f"X-ray of {getattr(train_fn, '__name__', 'the function')} on " \
                      f"{world_size} ranks"
     error, run = None, None

@@ -13,8 +13,8 @@ from course_lib.xray import xray
 EPILOG = """\
 The script runs as torchrun would run it: N processes with RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set; its own init_process_group() call gets the launch's group
-(with a short collective timeout, so that a hang ends). Exit status: 1 when a pitfall is
-confirmed, 2 when the script failed or hung without one, 0 otherwise.
+(with a short collective timeout, --pg-timeout, so that a hang ends). Exit status: 1 when a
+pitfall is confirmed, 2 when the script failed or hung without one, 0 otherwise.
 """
 
 
@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
                              "to stderr)")
     parser.add_argument("--timeout", type=float, default=120.0, metavar="S",
                         help="stop the run after S seconds (default 120)")
+    parser.add_argument("--pg-timeout", type=float, default=None, metavar="S",
+                        help="a collective fails after waiting S seconds, so that a hang "
+                             "ends (default: a quarter of --timeout, at most 30)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     args = parser.parse_args(argv)
@@ -45,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     title = f"X-ray of {args.script} on {args.nproc_per_node} rank(s)"
     out = sys.stderr if args.json else sys.stdout
     with contextlib.redirect_stdout(out):
+        extra = {"pg_timeout": args.pg_timeout} if args.pg_timeout else {}
         report = xray(fn, args.nproc_per_node, timeout=args.timeout, title=title,
-                      source=args.script)
+                      source=args.script, **extra)
     print(report.to_json() if args.json else f"\n{report}")
     return report.exit_status

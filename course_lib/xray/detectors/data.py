@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -14,6 +15,7 @@ COLLECTIVES_THAT_COMBINE = {"all_reduce", "reduce", "all_gather", "all_gather_in
                             "gather", "all_gather_object", "gather_object",
                             "reduce_scatter", "reduce_scatter_tensor"}
 
+_METRIC = re.compile(r"\d\.\d|\d\s*%|\d\s*/\s*\d")  # 0.93, 93 %, 93/100: a measured value
 Pass = dict[str, Any]
 
 
@@ -182,6 +184,8 @@ def _p04(obs: Observation) -> list[Finding]:
 # -- P20 ----------------------------------------------------------------------------------------
 
 def _p20(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
+    if any(e["enable"] for _, e in obs.of("join")):
+        return []  # uneven inputs under Join (model.join()): handled
     for group in groups:
         if not any(_training(p) for p in group.values()):
             continue
@@ -261,7 +265,7 @@ def _x2(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
             p = group[rank]
             end = _window_end(obs, p)
             prints = [e for r, e in obs.of("print") if r == rank and p["end"] < e["t"] < end
-                      and any(ch.isdigit() for ch in e["text"])]
+                      and _METRIC.search(e["text"])]
             if not prints or _combined_after(obs, rank, p["t"], prints[0]["t"]):
                 continue
             size = p["dataset_len"]

@@ -2,8 +2,9 @@
 
 Wraps DataLoader (its arguments, each pass over it, the indices each batch came from,
 mapped through Subset to the base dataset, and a fingerprint of each sample's values),
-DistributedSampler (its settings, set_epoch calls) and autograd's backward (a pass during
-which backward ran is a training pass; one without is an evaluation).
+DistributedSampler (its settings, set_epoch calls), autograd's backward (a pass during
+which backward ran is a training pass; one without is an evaluation) and Join (the context
+manager that lets ranks with fewer batches finish early).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from typing import Any
 
 import torch
+from torch.distributed.algorithms.join import Join
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subset
 from torch.utils.data import dataloader as dl
 
@@ -31,6 +33,15 @@ def install() -> None:
     DistributedSampler.__init__ = _sampler_init(DistributedSampler.__init__)
     DistributedSampler.set_epoch = _set_epoch(DistributedSampler.set_epoch)
     torch.autograd.backward = _backward(torch.autograd.backward)
+    Join.__init__ = _join_init(Join.__init__)
+
+
+def _join_init(real: Any) -> Any:
+    @functools.wraps(real)
+    def init(self: Join, joinables: Any, enable: bool = True, *args: Any, **kwargs: Any) -> None:
+        record.note("join", enable=bool(enable))  # uneven inputs, handled (model.join())
+        real(self, joinables, enable, *args, **kwargs)
+    return init
 
 
 def _sampler_key(sampler: Any) -> int:
