@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 MiB = 2**20
-PARTS = ("parameters", "gradients", "optimizer state", "activations", "gathered parameters")
+PARTS = ("parameters", "gradients", "optimizer state", "gathered parameters", "activations")
 STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP2")
 # Bytes per parameter: the parameter itself, its gradient, the optimizer's state. With "bf16
 # mixed" the optimizer also keeps an fp32 master copy (4 bytes), as in the ZeRO paper's 2+2+12.
@@ -164,13 +164,13 @@ def comparison(measured: dict[tuple[str, int], list[dict[str, int]]],
 def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
                   predicted: dict[tuple[str, int], dict[str, float]]):
     """Stacked bars of every rank's measured bytes per part, grouped by configuration, with
-    the formula's total (without activations) as a black tick over each group."""
+    the formula's total (without activations, stacked last) as a black line over each group."""
     from course_lib.plots.style import BLACK, BLUE, GREEN, ORANGE, PURPLE, SKY, new_figure
 
-    colors = dict(zip(PARTS, (BLUE, ORANGE, GREEN, SKY, PURPLE)))
+    colors = dict(zip(PARTS, (BLUE, ORANGE, GREEN, PURPLE, SKY)))
     fig = new_figure(max(8.0, 0.32 * sum(len(r) for r in measured.values()) + 3), 4.2)
     ax = fig.subplots()
-    x, ticks, labels = 0.0, [], []
+    x, ticks, labels, top = 0.0, [], [], 0.0
     for key, ranks in measured.items():
         start = x
         for counts in ranks:
@@ -179,6 +179,7 @@ def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
                 ax.bar(x, counts[part] / MiB, bottom=bottom, width=0.8, color=colors[part],
                        edgecolor=BLACK, linewidth=0.4, label=part if x == 0 else None)
                 bottom += counts[part] / MiB
+            top = max(top, bottom)
             x += 1
         total = model_states(predicted[key]) / MiB
         ax.hlines(total, start - 0.45, x - 0.55, color=BLACK, linewidth=2.5,
@@ -188,6 +189,7 @@ def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
         labels.append(f"{name}\n{key[1]} ranks")
         x += 0.8
     ax.set_xticks(ticks, labels, fontsize="small")
+    ax.set_ylim(0, top * 1.08)
     ax.set_ylabel("MiB held by each rank (one bar per rank)")
     ax.set_title("Where each rank's training memory goes (measured by tensor accounting)",
                  fontsize="medium")
