@@ -1,0 +1,48 @@
+"""Detector: fp16 autocast training without a GradScaler, and its gradients underflowing to
+zero (S3)."""
+
+from __future__ import annotations
+
+from course_lib.xray.observation import Observation
+from course_lib.xray.report import Finding, finding
+
+CHECKS = ["S3"]
+
+MOSTLY_ZERO = 0.5  # a step whose gradient values are at least this fraction exactly 0.0
+
+
+def detect(obs: Observation) -> list[Finding]:
+    """S3 on the first rank that trained under fp16 autocast without scaling its loss:
+    confirmed when most steps' gradients were mostly exactly zero, else suspected."""
+    for rank in sorted(obs.events):
+        fp16 = [e for r, e in obs.of("autocast") if r == rank
+                and e["dtype"] == "float16" and e["training"]]
+        scaled = [e for r, e in obs.of("scaler_scale") if r == rank]
+        if not fp16 or scaled:
+            continue
+        steps = [e for r, e in obs.of("opt_step") if r == rank and e.get("values")]
+        where = fp16[0]["where"]
+        if not steps:
+            return [finding("S3", f"rank {rank} trained under fp16 autocast "
+                                  f"({fp16[0]['device']}) without a GradScaler; no optimizer "
+                                  f"step came to measure its gradients", where, "suspected")]
+        fractions = [e["zero"] / e["values"] for e in steps]
+        zero_steps = sum(f >= MOSTLY_ZERO for f in fractions)
+        all_zero = sum(e["max_abs"] == 0.0 for e in steps)
+        span = (f"{min(fractions):.0%}" if min(fractions) == max(fractions) else
+                f"{min(fractions):.0%}-{max(fractions):.0%}")
+        evidence = (f"fp16 autocast without a GradScaler on rank {rank}: {span} of the "
+                    f"gradient values were exactly 0.0 at the {len(steps)} optimizer steps "
+                    f"measured")
+        if all_zero:
+            evidence += f" (max |grad| was exactly 0.0 at {all_zero} of them)"
+        confirmed = all_zero or zero_steps * 2 >= len(steps)
+        return [finding("S3", evidence, where, "confirmed" if confirmed else "suspected")]
+    return []
+
+
+def not_checked(obs: Observation) -> list[str]:
+    """What this run gave nothing to judge."""
+    if not any(e["dtype"] == "float16" for _, e in obs.of("autocast")):
+        return ["S3: no fp16 autocast ran"]
+    return []

@@ -1,0 +1,117 @@
+"""Detector: checkpoints: DDP's 'module.' prefix in a loaded state dict (P12), and a load
+that raced another rank's save of the same file (P15)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from course_lib.xray.observation import Observation
+from course_lib.xray.report import Finding, finding
+
+CHECKS = ["P12", "P15"]
+
+
+def detect(obs: Observation) -> list[Finding]:
+    """Every finding this area shows in the run."""
+    found = [_p12(obs), _p15(obs)]
+    return [f for f in found if f is not None]
+
+
+def not_checked(obs: Observation) -> list[str]:
+    """What this run gave nothing to judge."""
+    out = []
+    saves = obs.of("save")
+    if not obs.of("load_state_dict"):
+        prefixed = [e for _, e in saves if e["prefixed"]]
+        out.append(f"P12: the checkpoint saved at {prefixed[0]['where']} has 'module.' keys "
+                   f"but no state dict was loaded in this run" if prefixed else
+                   "P12: no state dict was loaded into a model")
+    if not saves:
+        out.append("P15: no checkpoint was saved with torch.save")
+    elif not obs.of("load"):
+        out.append("P15: no checkpoint was loaded with torch.load")
+    return out
+
+
+def _p12(obs: Observation) -> Finding | None:
+    """A state dict loaded into a module whose keys do not carry the same DDP prefix."""
+    for rank, e in obs.of("load_state_dict"):
+        if not e["keys"]:
+            continue
+        into_plain = not e["wrapper"] and e["prefixed"]
+        into_ddp = e["wrapper"] and not e["prefixed"]
+        if not (into_plain or into_ddp):
+            continue
+        if into_ddp and not (e.get("error") or e.get("missing")):
+            continue
+        what = (f"a state dict whose {e['prefixed']} of {e['keys']} keys start with "
+                f"'module.' into a plain {e['module']}" if into_plain else
+                "a state dict without 'module.' keys into the DDP wrapper")
+        if e.get("error"):
+            outcome = f": {e['error'].splitlines()[0][:90]}"
+        elif e.get("missing"):
+            outcome = f" with strict=False: {e['missing']} keys were left unloaded"
+        else:
+            outcome = ""
+        origin = next((s["where"] for _, s in obs.of("save") if s["prefixed"]), "")
+        saved = f" (saved from the wrapper at {origin})" if origin and into_plain else ""
+        return finding("P12", f"rank {rank} loaded {what}{outcome}{saved}", e["where"])
+    return None
+
+
+def _p15(obs: Observation) -> Finding | None:
+    """A load by one rank that began before another rank's save of the same file ended:
+    while it was written, or before it was written when the saver itself read it after."""
+    saves = obs.of("save")
+    if not saves:
+        return None
+    loads = obs.of("load")
+    for rank, load in loads:
+        for saver, save in saves:
+            if saver == rank or save["path"] != load["path"]:
+                continue
+            why = _race(load, save, _saver_reads_after(loads, saver, rank, load, save))
+            if why:
+                name = os.path.basename(load["path"])
+                return finding("P15", f"rank {rank}'s torch.load({name!r}) {why} rank "
+                                      f"{saver}'s torch.save of it"
+                                      f"{_sizes(load, save)}", load["where"])
+    return None
+
+
+def _race(load: dict[str, Any], save: dict[str, Any], saver_reads_after: bool) -> str:
+    """How the load raced the save, or "" when it did not."""
+    save_end = save.get("t_end", float("inf"))
+    load_end = load.get("t_end", load["t"])
+    if load["t"] >= save_end:
+        return ""
+    ms = (save_end - load["t"]) * 1000 if save_end != float("inf") else None
+    early = f"began {ms:.0f} ms before the end of" if ms is not None else "began during"
+    if load.get("error") and (load_end > save["t"] or saver_reads_after):
+        return f"failed ({load['error'].split(':')[0]}); it {early}"
+    if load_end > save["t"]:
+        return f"overlapped: it {early}"
+    if saver_reads_after:
+        return f"read the file {(save['t'] - load_end) * 1000:.0f} ms before the start of"
+    return ""
+
+
+def _saver_reads_after(loads: list[tuple[int, dict[str, Any]]], saver: int, rank: int,
+                       load: dict[str, Any], save: dict[str, Any]) -> bool:
+    """The saver's load of the file that matches this rank's (the same count of loads of
+    that file) came after its save: the file this rank read was meant to be the new one."""
+    mine = [e for r, e in loads if r == rank and e["path"] == load["path"]]
+    theirs = [e for r, e in loads if r == saver and e["path"] == load["path"]]
+    index = next(i for i, e in enumerate(mine) if e is load)
+    return index < len(theirs) and theirs[index]["t"] >= save.get("t_end", float("inf"))
+
+
+def _sizes(load: dict[str, Any], save: dict[str, Any]) -> str:
+    if load["size"] < 0:
+        seen = "the file did not exist yet"
+    else:
+        seen = f"the file had {load['size']} bytes"
+    if save.get("size", -1) >= 0 and load["size"] != save["size"]:
+        return f" ({seen} when it began; the save wrote {save['size']})"
+    return ""

@@ -1,0 +1,169 @@
+"""Detector: the model and its gradient sync: BatchNorm with small per-rank batches (P05),
+replicas that differ although their gradients were averaged (P08), an all-reduce in every
+accumulation micro-step (P09), find_unused_parameters and unused parameters (P10)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any
+
+from course_lib.xray.observation import Observation
+from course_lib.xray.report import Finding, finding
+
+CHECKS = ["P05", "P08", "P09", "P10"]
+
+SMALL_BATCH = 16  # per-rank BatchNorm batches up to this size give noisy statistics
+GRADS_EQUAL = 1e-6  # relative: gradients averaged across ranks are equal on every rank
+PARAMS_DIFFER = 1e-5  # relative: replicas whose checksums differ more than this differ
+UNUSED_ERROR = ("Expected to have finished reduction in the prior iteration",
+                "parameters that were not used in producing loss")
+
+
+def detect(obs: Observation) -> list[Finding]:
+    """Every finding this area shows in the run."""
+    if obs.world_size < 2:
+        return []
+    found = [_p05(obs), _p08(obs), _p09(obs), _p10(obs)]
+    return [f for f in found if f is not None]
+
+
+def not_checked(obs: Observation) -> list[str]:
+    """What this run gave nothing to judge."""
+    if obs.world_size < 2:
+        return [f"{pid}: one rank only" for pid in CHECKS]
+    out = []
+    if not obs.of("ddp"):
+        out += ["P09: the model was not wrapped in DistributedDataParallel",
+                "P10: the model was not wrapped in DistributedDataParallel"]
+    elif not obs.of("opt_step"):
+        out += ["P09: no optimizer step ran", "P10: no optimizer step ran"]
+    if not obs.of("opt_step"):
+        out.append("P08: no optimizer step ran")
+    return out
+
+
+def _p05(obs: Observation) -> Finding | None:
+    """Plain BatchNorm layers that normalised training batches of few samples per rank."""
+    largest: dict[tuple[int, str], int] = {}
+    first: dict[tuple[int, str], dict[str, Any]] = {}
+    for rank, e in obs.of("batchnorm"):
+        key = (rank, e["layer"] or f"{e['cls']}@{e['layer_id']}")
+        largest[key] = max(largest.get(key, 0), e["batch"])
+        first.setdefault(key, e)
+    small = {k: b for k, b in largest.items() if b <= SMALL_BATCH}
+    if not small:
+        return None
+    rank = min(r for r, _ in small)
+    keys = [k for k in small if k[0] == rank]
+    names = sorted({first[k]["layer"] or first[k]["cls"] for k in keys})
+    cls = first[keys[0]]["cls"]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    batch = max(small[k] for k in keys)
+    return finding("P05", f"{cls} layer(s) {shown} normalised every training step with the "
+                          f"statistics of at most {batch} samples on rank {rank} "
+                          f"({obs.world_size} ranks, each its own batch; no SyncBatchNorm)",
+                   first[keys[0]]["where"])
+
+
+def _steps(obs: Observation) -> dict[int, list[dict[str, Any]]]:
+    by_rank = defaultdict(list)
+    for rank, e in obs.of("opt_step"):
+        by_rank[rank].append(e)
+    return by_rank
+
+
+def _differ(a: list[float], b: list[float], tolerance: float) -> bool:
+    return any(not math.isclose(x, y, rel_tol=tolerance, abs_tol=1e-12) for x, y in zip(a, b))
+
+
+def _p08(obs: Observation) -> Finding | None:
+    """Averaged (equal) gradients on every rank, but parameters that differ across ranks."""
+    table: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for rank, e in obs.of("opt_step"):
+        if "grads" in e and "params" in e:
+            table[(e["opt"], e["step"])][rank] = e
+    for (_, step), by_rank in sorted(table.items(), key=lambda kv: kv[0][1]):
+        if len(by_rank) < 2 or len({e["shapes"] for e in by_rank.values()}) > 1:
+            continue
+        ranks = sorted(by_rank)
+        r0, e0 = ranks[0], by_rank[ranks[0]]
+        if e0["grads"] == [0.0, 0.0]:
+            continue
+        if any(_differ(e0["grads"], by_rank[r]["grads"], GRADS_EQUAL) for r in ranks[1:]):
+            continue  # the ranks' gradients were not averaged: independent training
+        other = next((r for r in ranks[1:]
+                      if _differ(e0["params"], by_rank[r]["params"], PARAMS_DIFFER)), None)
+        if other is None:
+            continue
+        start = (e0.get("params_before"), by_rank[other].get("params_before"))
+        before = ("; they differed already before the first step"
+                  if None not in start and _differ(*start, PARAMS_DIFFER) else "")
+        return finding("P08", f"after optimizer step {step} the gradients were identical on "
+                              f"every rank (averaged) but the parameters were not: their sum "
+                              f"was {e0['params'][0]:.6g} on rank {r0} and "
+                              f"{by_rank[other]['params'][0]:.6g} on rank {other}{before}",
+                       e0["where"])
+    return None
+
+
+def _p09(obs: Observation) -> Finding | None:
+    """More than one gradient all-reduce (a synced DDP backward) per optimizer step."""
+    for rank, steps in sorted(_steps(obs).items()):
+        with_ddp = [e for e in steps if e.get("synced", 0) + e.get("local", 0) > 0]
+        extra = [e for e in with_ddp if e["synced"] > 1]
+        if not with_ddp or len(extra) * 2 < len(with_ddp):
+            continue
+        synced = sum(e["synced"] for e in with_ddp)
+        local = sum(e["local"] for e in with_ddp)
+        per_step = max(e["synced"] for e in with_ddp)
+        held = (f"no_sync() held back only {local}" if local
+                else "none ran inside no_sync()")
+        return finding("P09", f"on rank {rank}, {synced} backward passes all-reduced the "
+                              f"gradients for {len(with_ddp)} optimizer steps (up to "
+                              f"{per_step} per step); {held}", extra[0]["where"])
+    return None
+
+
+def _p10(obs: Observation) -> Finding | None:
+    """Unused parameters without find_unused_parameters (the error, or suspected before it
+    came), or find_unused_parameters=True with every parameter used in every backward."""
+    models = obs.of("ddp")
+    if not models:
+        return None
+    ddp = models[0][1]
+    unused = obs.of("ddp_unused")
+    failed = _error_text(obs)
+    if unused and not ddp["find_unused"] and not ddp["static_graph"]:
+        rank, e = unused[0]
+        names = ", ".join(e["names"]) + (" ..." if e["count"] > len(e["names"]) else "")
+        said = next((m for m in UNUSED_ERROR if m in failed), "")
+        then = (f"; the next iteration failed: {said!r}" if said else
+                "; without find_unused_parameters=True the next iteration fails")
+        return finding("P10", f"{e['count']} of {e['of']} parameters ({names}) got no "
+                              f"gradient in a backward on rank {rank}{then}", ddp["where"],
+                       certainty="confirmed" if said else "suspected")
+    if any(m in failed for m in UNUSED_ERROR):
+        return finding("P10", f"DDP failed: {UNUSED_ERROR[0]!r}", ddp["where"])
+    if ddp["find_unused"] and not ddp["static_graph"] and not unused:
+        return _p10_not_needed(obs, ddp)
+    return None
+
+
+def _p10_not_needed(obs: Observation, ddp: dict[str, Any]) -> Finding | None:
+    """find_unused_parameters=True although every parameter got a gradient every time."""
+    by_rank = _steps(obs)
+    if len(by_rank) < obs.world_size:
+        return None
+    synced = {r: sum(e.get("synced", 0) for e in steps) for r, steps in by_rank.items()}
+    used = {r: sum(e.get("all_used", 0) for e in steps) for r, steps in by_rank.items()}
+    if min(synced.values()) < 2 or any(used[r] != synced[r] for r in synced):
+        return None
+    return finding("P10", f"find_unused_parameters=True, but all {ddp['params']} parameters "
+                          f"got a gradient in each of the {min(synced.values())} backward "
+                          f"passes on every rank: an extra all-reduce and a graph search "
+                          f"per step for nothing", ddp["where"], certainty="suspected")
+
+
+def _error_text(obs: Observation) -> str:
+    return (str(obs.error) if obs.error else "") + "\n".join(obs.logs.values())

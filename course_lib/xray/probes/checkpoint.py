@@ -1,0 +1,113 @@
+"""Probe: checkpoints: torch.save and torch.load of files, and Module.load_state_dict.
+
+A save notes the file, when it began and ended, its size and how many of the state dict's
+keys start with "module." (DDP's prefix); a load notes the file, when it began and ended,
+the file's size when it began, and its error if it failed; load_state_dict notes whether
+the module was the DDP wrapper, the keys with the prefix, and the outcome. Saves and loads
+that torch's own code makes (torch.distributed.checkpoint's files) are not noted.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from course_lib.xray import record
+
+PREFIX = "module."
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def install() -> None:
+    """Patch torch.save, torch.load and nn.Module.load_state_dict."""
+    torch.save = _save(torch.save)
+    torch.load = _load(torch.load)
+    nn.Module.load_state_dict = _load_state_dict(nn.Module.load_state_dict)
+
+
+def _from_torch() -> bool:
+    """True when torch's own code (not the learner's) called the wrapped function."""
+    return sys._getframe(2).f_code.co_filename.startswith(_TORCH)
+
+
+def file_of(f: Any) -> str:
+    """The absolute path a save or load uses, or "" for an in-memory buffer."""
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) and os.path.isfile(name) else ""
+
+
+def prefixed_keys(obj: Any) -> tuple[int, int]:
+    """Keys starting with "module." and all keys, in a state dict or in the dicts it holds
+    one level down ({"model": state_dict, "optimizer": ...})."""
+    if not isinstance(obj, dict):
+        return 0, 0
+    dicts = [obj] + [v for v in obj.values() if isinstance(v, dict)]
+    keys = [k for d in dicts for k in d if isinstance(k, str)]
+    return sum(k.startswith(PREFIX) for k in keys), len(keys)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
+def _save(real: Any) -> Any:
+    @functools.wraps(real)
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        path = "" if _from_torch() else file_of(f)
+        if not path:
+            return real(obj, f, *args, **kwargs)
+        prefixed, keys = prefixed_keys(obj)
+        event = record.note("save", path=path, prefixed=prefixed, keys=keys)
+        real(obj, f, *args, **kwargs)
+        event.update(t_end=time.monotonic(), size=_size(path))
+    return save
+
+
+def _load(real: Any) -> Any:
+    @functools.wraps(real)
+    def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        path = "" if _from_torch() else file_of(f)
+        if not path:
+            return real(f, *args, **kwargs)
+        event = record.note("load", path=path, size=_size(path))
+        try:
+            out = real(f, *args, **kwargs)
+        except Exception as exc:
+            event.update(t_end=time.monotonic(), error=f"{type(exc).__name__}: {exc}"[:300])
+            raise
+        event.update(t_end=time.monotonic())
+        return out
+    return load
+
+
+def _load_state_dict(real: Any) -> Any:
+    @functools.wraps(real)
+    def load_state_dict(self: nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        if _from_torch():
+            return real(self, state_dict, *args, **kwargs)
+        prefixed, keys = prefixed_keys(state_dict)
+        strict = kwargs.get("strict", args[0] if args else True)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        event = record.note("load_state_dict", module=type(self).__name__,
+                            wrapper=isinstance(self, DDP), prefixed=prefixed, keys=keys,
+                            strict=bool(strict))
+        try:
+            out = real(self, state_dict, *args, **kwargs)
+        except Exception as exc:
+            event["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        event.update(missing=len(getattr(out, "missing_keys", [])),
+                     unexpected=len(getattr(out, "unexpected_keys", [])))
+        return out
+    return load_state_dict

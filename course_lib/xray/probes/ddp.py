@@ -1,0 +1,137 @@
+"""Probe: what DistributedDataParallel did in each backward, and how BatchNorm normalised.
+
+Wraps DDP's constructor (its options, the model's BatchNorm layers, a gradient hook on each
+parameter) and its forward (whether the backward after it will all-reduce: grad enabled and
+not inside no_sync()). A backward is counted when a parameter got a gradient after that
+forward; the optimizer probe takes the counts at each step (take_counts). Also wraps plain
+BatchNorm's forward (SyncBatchNorm has its own) to record the per-rank training batch size.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from course_lib.xray import record
+
+MAX_NAMES = 4  # unused parameters named in an event
+
+_live: list[weakref.ref] = []  # the run's DDP objects
+
+
+class _Tracker:
+    """One DDP model's backward accounting since the last optimizer step."""
+
+    def __init__(self, ddp: DDP) -> None:
+        self.names = [n for n, p in ddp.module.named_parameters() if p.requires_grad]
+        self.seen: set[int] = set()  # parameters that got a gradient since the last forward
+        self.pending: bool | None = None  # the last forward's sync flag, None: no forward
+        self.synced = self.local = self.all_used = 0
+        self.unused_noted = False
+
+    def settle(self) -> None:
+        """Count the backward (if any) that followed the last forward."""
+        if self.pending is not None and self.seen:
+            if self.pending:
+                self.synced += 1
+                if len(self.seen) == len(self.names):
+                    self.all_used += 1
+                elif not self.unused_noted:
+                    self.unused_noted = True
+                    unused = [n for i, n in enumerate(self.names) if i not in self.seen]
+                    record.note("ddp_unused", "", names=unused[:MAX_NAMES],
+                                count=len(unused), of=len(self.names))
+            else:
+                self.local += 1
+        self.pending, self.seen = None, set()
+
+
+def install() -> None:
+    """Patch DDP's constructor and forward, and plain BatchNorm's forward."""
+    DDP.__init__ = _ddp_init(DDP.__init__)
+    DDP.forward = _ddp_forward(DDP.forward)
+    _BatchNorm.forward = _bn_forward(_BatchNorm.forward)
+
+
+def take_counts() -> dict[str, int]:
+    """Backwards since the last call, over every DDP model: all-reduced ('synced'), inside
+    no_sync() ('local'), synced with every parameter used ('all_used'); then reset."""
+    total = {"synced": 0, "local": 0, "all_used": 0}
+    for ref in list(_live):
+        ddp = ref()
+        tracker = getattr(ddp, "_xray", None)
+        if tracker is None:
+            continue
+        tracker.settle()
+        for key in total:
+            total[key] += getattr(tracker, key)
+        tracker.synced = tracker.local = tracker.all_used = 0
+    return total
+
+
+def _ddp_init(real: Any) -> Any:
+    @functools.wraps(real)
+    def init(self: DDP, module: nn.Module, *args: Any, **kwargs: Any) -> None:
+        where = record.where(2)
+        real(self, module, *args, **kwargs)
+        tracker = _Tracker(self)
+        self._xray = tracker
+        _live.append(weakref.ref(self))
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        for index, p in enumerate(params):
+            p.register_post_accumulate_grad_hook(_seen_hook(tracker, index))
+        bns, sync_bns = _batchnorms(self.module)
+        record.note("ddp", where, find_unused=bool(self.find_unused_parameters),
+                    static_graph=bool(getattr(self, "static_graph", False)),
+                    params=len(params), batchnorm=bns, sync_batchnorm=sync_bns)
+    return init
+
+
+def _seen_hook(tracker: _Tracker, index: int) -> Any:
+    def hook(_: torch.Tensor) -> None:
+        tracker.seen.add(index)
+    return hook
+
+
+def _batchnorms(model: nn.Module) -> tuple[list[str], list[str]]:
+    """The names of the model's plain BatchNorm layers and of its SyncBatchNorm layers;
+    each plain one is labelled with its name for the BatchNorm events."""
+    plain, synced = [], []
+    for name, layer in model.named_modules():
+        if isinstance(layer, nn.SyncBatchNorm):
+            synced.append(name)
+        elif isinstance(layer, _BatchNorm):
+            plain.append(name)
+            layer._xray_name = name
+    return plain, synced
+
+
+def _ddp_forward(real: Any) -> Any:
+    @functools.wraps(real)
+    def forward(self: DDP, *args: Any, **kwargs: Any) -> Any:
+        tracker = getattr(self, "_xray", None)
+        if tracker is not None:
+            tracker.settle()
+            if torch.is_grad_enabled():
+                tracker.pending = bool(self.require_backward_grad_sync)
+        return real(self, *args, **kwargs)
+    return forward
+
+
+def _bn_forward(real: Any) -> Any:
+    @functools.wraps(real)
+    def forward(self: _BatchNorm, input: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled() and input.dim() >= 2:
+            batch = int(input.shape[0])
+            if batch > getattr(self, "_xray_batch", 0):
+                self._xray_batch = batch
+                record.note("batchnorm", layer=getattr(self, "_xray_name", ""),
+                            cls=type(self).__name__, batch=batch, layer_id=id(self))
+        return real(self, input)
+    return forward

@@ -1,0 +1,140 @@
+"""Probe: each optimizer step, with what happened since the last one.
+
+A global optimizer step hook (torch.optim.optimizer.register_optimizer_step_*_hook) notes
+one "opt_step" event per step: the DDP backward counts since the previous step (ddp probe),
+and at sampled steps checksums of the gradients (before the step) and of the parameters
+(before the first step and after each sampled one), so that the detectors can compare the
+ranks' replicas; while fp16 autocast trains, the fraction of gradient values that are
+exactly zero. A GradScaler step that skips the optimizer step is noted as skipped (amp probe).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from course_lib.xray import record
+from course_lib.xray.probes import ddp
+
+FIRST_SAMPLED = 10  # steps 1..10 are sampled, then every SAMPLE_EVERY-th
+SAMPLE_EVERY = 50
+MAX_EVENTS = 2000  # per optimizer
+
+_local = threading.local()  # depth of an enclosing ZeroRedundancyOptimizer step
+_amp = {"fp16_training": False}  # set by the amp probe
+_made = {"optimizers": 0}
+
+
+def install() -> None:
+    """Register the global step hooks."""
+    register_optimizer_step_pre_hook(_pre_step)
+    register_optimizer_step_post_hook(_post_step)
+
+
+def sampled(step: int) -> bool:
+    return step <= FIRST_SAMPLED or step % SAMPLE_EVERY == 0
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _comparable(params: list[torch.Tensor]) -> bool:
+    """Replicas can be compared across ranks: plain tensors, not shards (DTensor, FSDP)."""
+    return all(type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in params)
+
+
+def checksum(tensors: list[torch.Tensor | None]) -> list[float]:
+    """Sum and sum of squares of the tensors, in float64: equal on ranks with equal values."""
+    total = square = 0.0
+    with torch.no_grad():
+        for t in tensors:
+            if t is None or t.is_sparse:
+                continue
+            d = t.detach().to(torch.float64)
+            total += float(d.sum())
+            square += float((d * d).sum())
+    return [total, square]
+
+
+def zeros(grads: list[torch.Tensor]) -> tuple[int, int, float]:
+    """How many gradient values are exactly 0.0, of how many, and the largest |value|."""
+    zero = count = 0
+    biggest = 0.0
+    with torch.no_grad():
+        for g in grads:
+            if g.is_sparse or g.numel() == 0:
+                continue
+            zero += int((g == 0).sum())
+            count += g.numel()
+            biggest = max(biggest, float(g.abs().max()))
+    return zero, count, biggest
+
+
+def _is_zero(optimizer: Any) -> bool:
+    return type(optimizer).__name__ == "ZeroRedundancyOptimizer"
+
+
+def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if _is_zero(optimizer):
+        _local.depth = getattr(_local, "depth", 0) + 1
+    if getattr(_local, "depth", 0) and not _is_zero(optimizer):
+        return  # ZeRO's inner optimizer steps one shard: the outer step is the one noted
+    step = getattr(optimizer, "_xray_steps", 0) + 1
+    optimizer._xray_steps = step
+    optimizer._xray_pending = {}
+    if step > MAX_EVENTS or not sampled(step):
+        return
+    params = _params(optimizer)
+    grads = [p.grad for p in params if p.grad is not None]
+    pending = optimizer._xray_pending
+    if _comparable(params) and not _is_zero(optimizer):
+        if step == 1:
+            pending["params_before"] = checksum(params)
+        pending["grads"] = checksum(grads)
+        pending["shapes"] = _shape_key(params)
+    if _amp["fp16_training"] and grads:
+        pending["zero"], pending["values"], pending["max_abs"] = zeros(grads)
+
+
+def _shape_key(params: list[torch.Tensor]) -> str:
+    return str(hash(tuple(tuple(p.shape) for p in params)))
+
+
+def _post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    if _is_zero(optimizer):
+        _local.depth = max(0, getattr(_local, "depth", 1) - 1)
+    elif getattr(_local, "depth", 0):
+        return
+    step = getattr(optimizer, "_xray_steps", 0)
+    pending = getattr(optimizer, "_xray_pending", {})
+    counts = ddp.take_counts()
+    if step > MAX_EVENTS:
+        return
+    event = {"step": step, "opt": _optimizer_key(optimizer), **counts, **pending}
+    if "grads" in pending:
+        event["params"] = checksum(_params(optimizer))
+    record.note("opt_step", record.where(2), **event)
+
+
+def skipped_step(optimizer: torch.optim.Optimizer) -> None:
+    """A GradScaler step that found inf/NaN and skipped optimizer.step()."""
+    counts = ddp.take_counts()
+    record.note("opt_step", record.where(2), step=getattr(optimizer, "_xray_steps", 0),
+                opt=_optimizer_key(optimizer), skipped=True, **counts)
+
+
+def _optimizer_key(optimizer: torch.optim.Optimizer) -> str:
+    """A name for the optimizer, the same on every rank that makes them in the same order."""
+    key = getattr(optimizer, "_xray_key", None)
+    if key is None:
+        _made["optimizers"] += 1
+        key = f"{type(optimizer).__name__}#{_made['optimizers']}"
+        optimizer._xray_key = key
+    return key

@@ -1,0 +1,33 @@
+# expect: P09
+"""Gradient accumulation over 4 micro-batches, but every backward all-reduces (no no_sync)."""
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+ACCUM_STEPS = 4
+
+
+def main():
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(rank)
+    for step in range(16):
+        x, y = torch.randn(8, 32, generator=gen), torch.randn(8, 1, generator=gen)
+        loss = nn.functional.mse_loss(model(x), y) / ACCUM_STEPS
+        loss.backward()
+        if (step + 1) % ACCUM_STEPS == 0:
+            optimizer.step()
+            optimizer.zero_grad()
+    if rank == 0:
+        print(f"final loss {loss.item() * ACCUM_STEPS:.4f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+# expect: none
+"""Mixed precision with bf16 autocast (fp32's exponent range, so no loss scaling needed): a
+head predicting small residual corrections over 64x64 maps."""
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def make_model():
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64 * 64))
+    nn.init.zeros_(model[2].weight)  # start from "no correction"
+    nn.init.zeros_(model[2].bias)
+    return model
+
+
+def main():
+    rank = int(os.environ["RANK"])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(make_model())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(8):
+        x = torch.randn(64, 64, generator=gen)
+        target = 1e-3 * torch.randn(64, 64 * 64, generator=gen)
+        optimizer.zero_grad()
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            loss = nn.functional.mse_loss(model(x), target)
+        loss.backward()
+        optimizer.step()
+    if rank == 0:
+        print(f"loss {loss.item():.3e}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
