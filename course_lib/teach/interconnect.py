@@ -306,31 +306,36 @@ def _measured_points(ax: Any, measured: dict[int, tuple[float, float, float]],
 
 def plot_bucket_sweep(sweep: dict[float, dict[str, Any]], link: Link, loopback_ms: float):
     """Step time against bucket_cap_mb: `sweep` {cap: {"ms": [step ms per repeat],
-    "buckets": all-reduces a step}}, the spread of repeats as error bars, the mechanism that
-    costs time at each end labelled, and the step without the link for reference."""
+    "buckets": all-reduces a step}}, each repeat (one pass over the sizes) a thin line, the
+    median bold, the mechanism that costs time at each end labelled, and the step without
+    the link for reference."""
     from course_lib.plots.style import HIGHLIGHT, RANK_COLORS, new_figure
 
     caps = sorted(sweep)
-    mid = [statistics.median(sweep[c]["ms"]) for c in caps]
-    low = [m - min(sweep[c]["ms"]) for m, c in zip(mid, caps)]
-    high = [max(sweep[c]["ms"]) - m for m, c in zip(mid, caps)]
     fig = new_figure(8, 3.8)
     ax = fig.subplots()
-    ax.errorbar(caps, mid, yerr=[low, high], marker="o", color=RANK_COLORS[0], capsize=4,
-                label=f"step on {link.label()} (median, bars: min-max of repeats)")
+    for r in range(len(sweep[caps[0]]["ms"])):
+        ax.plot(caps, [sweep[c]["ms"][r] for c in caps], color="grey", lw=0.8, alpha=0.6,
+                marker=".", label="each repeat (one pass over the sizes)" if r == 0 else None)
+    mid = [statistics.median(sweep[c]["ms"]) for c in caps]
+    ax.plot(caps, mid, marker="o", lw=2.2, color=RANK_COLORS[0],
+            label=f"median, on {link.label()}")
     for cap, m in zip(caps, mid):
-        ax.annotate(f"{sweep[cap]['buckets']:g} bucket(s)", (cap, m), textcoords="offset points",
-                    xytext=(8, -14), ha="left", fontsize="x-small")
-    ax.axhline(loopback_ms, color="grey", ls=":", lw=1, label="same step without the link")
-    top = max(m + h for m, h in zip(mid, high))
-    ax.text(caps[0], top * 1.12, "many buckets:\neach pays 2(N-1) latencies", ha="left",
+        n = sweep[cap]["buckets"]
+        last = cap == caps[-1]
+        ax.annotate(f"{n:g} bucket{'' if n == 1 else 's'}", (cap, m), textcoords="offset points",
+                    xytext=(-6 if last else 6, -14), ha="right" if last else "left",
+                    fontsize="x-small")
+    ax.axhline(loopback_ms, color="black", ls=":", lw=1, label="same step without the link")
+    top = max(max(sweep[c]["ms"]) for c in caps)
+    ax.text(caps[0], top * 1.17, "many buckets:\neach pays 2(N-1) latencies", ha="left",
             va="top", fontsize="x-small", color=HIGHLIGHT)
-    ax.text(caps[-1], top * 1.12, "one bucket: the link starts\nonly when backward ends",
+    ax.text(caps[-1], top * 1.17, "one bucket: the link starts\nonly when backward ends",
             ha="right", va="top", fontsize="x-small", color=HIGHLIGHT)
     ax.set_xscale("log")
     ax.set_xticks(caps, [f"{c:g}" for c in caps])
     ax.minorticks_off()
-    ax.set_ylim(0, top * 1.18)
+    ax.set_ylim(0, top * 1.2)
     ax.set_xlabel("bucket_cap_mb")
     ax.set_ylabel("ms per step")
     ax.set_title("Bucket size on a slow, high-latency link: latency x buckets against overlap",
