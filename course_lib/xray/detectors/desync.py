@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from course_lib.launching.desync import DesyncReport, first_difference
+from course_lib.launching.report import is_collective_error
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 
@@ -60,7 +61,7 @@ def _crashed(obs: Observation) -> bool:
     """True when the run's root cause is a rank's own exception (not a peer's failure)."""
     failures = getattr(obs.error, "failures", [])
     return bool(failures) and failures[0].kind in ("exception", "exit", "signal") \
-        and not failures[0].is_consequence
+        and not failures[0].is_consequence and not is_collective_error(failures[0].message)
 
 
 def _where(obs: Observation, where: str) -> str:

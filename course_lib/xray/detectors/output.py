@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 
 CHECKS = ["P16"]
+_PER_RANK = re.compile(r"rank|gpu|device|cuda:|local", re.IGNORECASE)
 
 
 def detect(obs: Observation) -> list[Finding]:
@@ -24,16 +26,20 @@ def detect(obs: Observation) -> list[Finding]:
             continue
         common = set.intersection(*(set(texts) for texts in by_rank.values())) - {""}
         times = min(len(texts) for texts in by_rank.values())
+        first = by_rank[min(by_rank)][0]
         if common:
-            text = next(t for t in by_rank[0] if t in common)
+            text = next(t for t in by_rank[min(by_rank)] if t in common)
             found.append(finding("P16", f"all {obs.world_size} ranks printed {text[:60]!r}: "
                                         f"{len(common)} identical line(s) from this print, "
                                         f"each once per rank", where))
         elif times >= 2:
+            # Each rank its own values, again and again: a log line repeated per rank, unless
+            # it names the rank (then perhaps a per-rank diagnostic, on purpose).
+            sure = not _PER_RANK.search(first)
             found.append(finding("P16", f"all {obs.world_size} ranks ran this print "
-                                        f"{times} times or more, each with its own values "
-                                        f"(rank 0: {by_rank[0][0][:40]!r})", where,
-                                 certainty="suspected"))
+                                        f"{times} time(s) each, each rank with its own values "
+                                        f"(rank {min(by_rank)}: {first[:50]!r})", where,
+                                 certainty="confirmed" if sure else "suspected"))
     found.sort(key=lambda f: not f.confirmed)
     return found[:1]  # one finding: the first site that shows it best
 
