@@ -60,3 +60,12 @@ def test_plot_speedup_draws_one_line_per_loop_and_labels_the_measured_point():
     assert "4 all-reduces" in labels and "1 all-reduce" in labels
     here = f"{predicted_speedup(0.01, 10**6, Link(gbit_per_s=10), 1, 8):.1f}x"
     assert here in [t.get_text() for t in ax.texts]
+
+
+def test_speedup_explorer_redraws_for_another_link_and_world_size():
+    from course_lib.teach.case_files import speedup_explorer
+
+    box = speedup_explorer(10**6, {"4 all-reduces": 4, "1 all-reduce": 1}, 0.01)
+    links, world = box.children[0].children
+    links.value, world.value = "1 GbE", 16  # each change redraws; an error would raise here
+    assert (links.value, world.value) == ("1 GbE", 16)

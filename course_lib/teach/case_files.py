@@ -108,3 +108,29 @@ def plot_speedup(nbytes: int, link: Link, calls: dict[str, int], measured_s: flo
                  fontsize="medium")
     ax.legend(fontsize="small", loc="upper left")
     return fig
+
+
+def speedup_explorer(nbytes: int, calls: dict[str, int], measured_s: float,
+                     link: str = "10 GbE"):
+    """plot_speedup() with a link menu (lesson 08's presets) and a world-size slider: the
+    model redrawn, nothing run."""
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    from course_lib.teach.interconnect import PRESETS
+
+    links = widgets.Dropdown(options=list(PRESETS), value=link, description="link")
+    world = widgets.SelectionSlider(options=[2, 4, 8, 16, 32, 64], value=8,
+                                    description="world size")
+    out = widgets.Output()
+
+    def redraw(_: object = None) -> None:
+        with out:
+            out.clear_output(wait=True)
+            display(plot_speedup(nbytes, PRESETS[links.value], calls, measured_s,
+                                 world_size=world.value))
+
+    for control in (links, world):
+        control.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([widgets.HBox([links, world]), out])
