@@ -118,8 +118,8 @@ def _p03(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
             continue
         evidence = _same_samples(passes)
         if evidence:
-            return [finding("P03", f"{_ranks(list(group))} {evidence} in {_epoch(passes[0])}",
-                            _line(passes[0]))]
+            return [finding("P03", f"{_ranks(list(group))} {evidence} in {_epoch(passes[0])}"
+                                   f"{_unused_sampler(obs)}", _line(passes[0]))]
         return []  # judged on the first training pass
     return []
 
@@ -142,11 +142,29 @@ def _same_samples(passes: list[Pass]) -> str:
         size = passes[0]["dataset_len"]
         of = f" of the dataset's {size}" if size else ""
         return (f"read the same {shared} sample indices (each read {len(indices[0])}{of}; "
-                f"{passes[0]['sampler']}, no DistributedSampler)")
+                f"{_sampler_text(passes[0])})")
     if same_content:
         return (f"read {_shared(content)} identical samples (compared by their values; "
                 f"each read {len(content[0])})")
     return ""
+
+
+def _sampler_text(p: Pass) -> str:
+    settings = p["distributed"]
+    if not settings:
+        return f"the loader's {p['sampler']}, no DistributedSampler"
+    return (f"DistributedSampler(num_replicas={settings['num_replicas']}, "
+            f"rank={settings['rank']}) on rank 0")
+
+
+def _unused_sampler(obs: Observation) -> str:
+    """'; a DistributedSampler made at x.py:12 was never iterated' when one was."""
+    used = {p["sampler_key"] for _, p in obs.of("pass")}
+    unused = [e for _, e in obs.of("sampler") if e["key"] not in used]
+    if not unused:
+        return ""
+    return (f"; a DistributedSampler made at {unused[0]['where']} was never given to a "
+            "DataLoader that ran")
 
 
 # -- P04 ----------------------------------------------------------------------------------------
@@ -163,22 +181,37 @@ def _repeated_training(obs: Observation) -> dict[tuple[int, str], list[Pass]]:
 def _p04(obs: Observation) -> list[Finding]:
     repeated: dict[str, dict[int, list[Pass]]] = defaultdict(dict)
     for (rank, line), passes in _repeated_training(obs).items():
-        repeated[line][rank] = passes
+        repeated[line][rank] = [p for p in passes
+                                if p["distributed"] and p["distributed"]["shuffle"]]
     for line, by_rank in repeated.items():
-        first = next(iter(by_rank.values()))
-        shuffled = [p for p in first if p["distributed"] and p["distributed"]["shuffle"]]
-        if len(shuffled) < 2 or len(_consumed(shuffled[0])) < 4:
+        first = by_rank[min(by_rank)]
+        if len(first) < 2 or len(_consumed(first[0])) < 4:
             continue
-        if all(_consumed(p) == _consumed(ps[0]) for ps in by_rank.values() for p in ps):
-            epochs = sorted({p["distributed"]["epoch"] for p in first})
-            calls = sum(1 for _, e in obs.of("set_epoch"))
-            why = ("set_epoch() was never called" if not calls else
-                   f"the sampler's epoch was {epochs[0]} at the start of every pass")
-            n = len(_consumed(first[0]))
-            return [finding("P04", f"every rank read its {n} samples in the same order in "
-                                   f"all {len(first)} epochs (DistributedSampler(shuffle=True); "
-                                   f"{why})", line)]
+        pair = _repeated_order(list(by_rank.values()))
+        if pair is None:
+            continue
+        i, j = pair
+        calls = sum(1 for _, e in obs.of("set_epoch"))
+        n = len(_consumed(first[0]))
+        every = len(first) > 2 and all(_consumed(p) == _consumed(first[0]) for p in first)
+        when = f"all {len(first)} epochs" if every else f"epochs {i} and {j}"
+        epoch = first[i]["distributed"]["epoch"]
+        why = ("set_epoch() was never called" if not calls else
+               f"the sampler's epoch was {epoch} at the start of "
+               f"{'every epoch' if every else 'both'}")
+        return [finding("P04", f"every rank read its {n} samples in the same order in {when} "
+                               f"(DistributedSampler(shuffle=True); {why})", line)]
     return []
+
+
+def _repeated_order(by_rank: list[list[Pass]]) -> tuple[int, int] | None:
+    """The first two passes (i, j) that every rank read in exactly the same order."""
+    count = min(len(ps) for ps in by_rank)
+    for j in range(1, count):
+        for i in range(j):
+            if all(_consumed(ps[i]) == _consumed(ps[j]) for ps in by_rank):
+                return i, j
+    return None
 
 
 # -- P20 ----------------------------------------------------------------------------------------
