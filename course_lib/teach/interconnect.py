@@ -260,19 +260,21 @@ def plot_scaling(models: dict[str, tuple[float, int]], links: dict[str, Link],
 
     fig = new_figure(11, 5.2)
     axes = fig.subplots(1, len(models), sharey=True)
+    top = 1.05
     for ax, (model, (compute_s, nbytes)) in zip(axes, models.items()):
         for i, (name, link) in enumerate(links.items()):
             _scaling_line(ax, compute_s, nbytes, name, link, sizes,
                           RANK_COLORS[i % len(RANK_COLORS)], MARKERS[i % len(MARKERS)],
                           LINESTYLES[i % len(LINESTYLES)])
         if measured and ax is axes[0]:
+            top = max(1.05, *(0.05 + efficiency(m[0], m[1]) for m in measured.values()))
             _measured_points(ax, measured, HIGHLIGHT)
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")
         ax.text(sizes[-1], 0.52, "communication = compute", ha="right", fontsize="x-small")
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, *sizes], [str(n) for n in (1, *sizes)])
         ax.minorticks_off()
-        ax.set_ylim(0, 1.05)
+        ax.set_ylim(0, top)
         ax.set_xlabel("world size (ranks)")
         ax.set_title(f"{model}: {nbytes / MB:.1f} MB of gradients, "
                      f"{compute_s * 1e3:.1f} ms compute a step", fontsize="small")
