@@ -27,6 +27,8 @@ from course_lib.launching.rank_main import WorkerSpec, run_worker
 # then what a first training step would import lazily: DDP's constructor and every optimizer
 # import torch._dynamo (1.1-1.7 s of CPU per rank, measured in a rank on the 2-core machine);
 # the profiler, DataLoader and the course's recorder are the lessons' other tools.
+# ZeroRedundancyOptimizer and DCP (lessons 11, 13, 14) cost 2.3-2.8 s per 2-rank launch
+# when imported in the ranks (load average 7); fully_shard needs nothing more.
 PRELOAD = [
     "course_lib.launching.rank_main",
     "torch._dynamo",
@@ -35,6 +37,8 @@ PRELOAD = [
     "torch.profiler",
     "torch.utils.data",
     "course_lib.telemetry",
+    "torch.distributed.optim",
+    "torch.distributed.checkpoint",
 ]
 WAIT_QUIETLY_S = 1.0  # the first launch says why it waits only when it waits longer
 
