@@ -124,6 +124,7 @@ def test_fixed_train_rejects(fn, hint, capsys):
     ({"P03", "P09"}, "you missed P12 (checkpoint saved from the DDP wrapper"),
     ({"P09", "P12"}, "you missed P03 (no DistributedSampler): running the colleague's function"),
     ({"P03", "P09", "P12", "P04"}, "you named P04, but running the colleague's function"),
+    (None, "pitfalls_found() must return the ids you found, as a set such as"),
 ])
 def test_pitfalls_named_rejects(named, hint, capsys):
     result = check_fixed_train(solution("train"), lambda: named, timeout=FAST)

@@ -167,9 +167,9 @@ def findings(run: dict[str, Any]) -> dict[str, str]:
                         "synchronises; run the first K-1 micro-batches inside model.no_sync()")
     saved, load_error = run["checkpoint"], first["load_error"]
     if isinstance(saved, dict) and any(str(k).startswith("module.") for k in saved):
+        failed = f", and loading it into the plain model failed: {load_error}" if load_error else ""
         found["P12"] = ("the checkpoint's keys start with 'module.' (e.g. "
-                        f"{next(iter(saved))!r}), and loading it into the plain model "
-                        f"failed: {load_error or 'no error?'}; save model.module.state_dict()")
+                        f"{next(iter(saved))!r}){failed}; save model.module.state_dict()")
     return found
 
 
@@ -202,8 +202,19 @@ def check_fixed_train(fn: Callable, pitfalls_found: Callable | None = None,
     return run_check("check_fixed_train", fn, judge)
 
 
+def _named(pitfalls_found: Callable) -> set[str]:
+    """The ids pitfalls_found() returns, as upper-case strings; a clear error otherwise."""
+    answer = pitfalls_found()
+    if isinstance(answer, str):
+        answer = [answer]
+    if not isinstance(answer, (set, frozenset, list, tuple)):
+        raise Rejected(f"pitfalls_found() must return the ids you found, as a set such as "
+                       f'{{"P01", "P02"}}; it returned {answer!r}.')
+    return {str(i).strip().upper() for i in answer}
+
+
 def _judge_names(pitfalls_found: Callable, timeout: float) -> str:
-    named = {str(i).strip().upper() for i in pitfalls_found()}
+    named = _named(pitfalls_found)
     shown = findings(run_script(colleague_train, WORLD_SIZES[0], timeout))
     missed, extra = sorted(set(shown) - named), sorted(named - set(shown))
     if missed:
@@ -219,7 +230,9 @@ def _judge_names(pitfalls_found: Callable, timeout: float) -> str:
 def _judge_fix(run: dict[str, Any]) -> None:
     n, ranks = run["world_size"], run["ranks"]
     where = f"on {n} ranks: "
-    for pitfall, evidence in findings(run).items():
+    found = findings(run)
+    if found:
+        pitfall, evidence = next(iter(found.items()))
         raise Rejected(f"{where}{evidence} ({pitfall}).")
     _judge_reads(ranks, n, where)
     for rank, result in enumerate(ranks):
