@@ -11,6 +11,8 @@ from course_lib.xray.report import Finding, finding
 
 CHECKS = ["P12", "P15"]
 
+SOON_MS = 1000  # a failed load this close before another rank's save of the file raced it
+
 
 def detect(obs: Observation) -> list[Finding]:
     """Every finding this area shows in the run."""
@@ -49,7 +51,7 @@ def _p12(obs: Observation) -> Finding | None:
                 f"'module.' into a plain {e['module']}" if into_plain else
                 "a state dict without 'module.' keys into the DDP wrapper")
         if e.get("error"):
-            outcome = f": {e['error'].splitlines()[0][:90]}"
+            outcome = f": {_key_error(e['error'])}"
         elif e.get("missing"):
             outcome = f" with strict=False: {e['missing']} keys were left unloaded"
         else:
@@ -58,6 +60,13 @@ def _p12(obs: Observation) -> Finding | None:
         saved = f" (saved from the wrapper at {origin})" if origin and into_plain else ""
         return finding("P12", f"rank {rank} loaded {what}{outcome}{saved}", e["where"])
     return None
+
+
+def _key_error(error: str) -> str:
+    """The line of a load_state_dict error that names the keys, shortened."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    keys = [line for line in lines if "key(s)" in line]
+    return (keys[-1] if keys else lines[0])[:100]
 
 
 def _p15(obs: Observation) -> Finding | None:
@@ -71,7 +80,7 @@ def _p15(obs: Observation) -> Finding | None:
         for saver, save in saves:
             if saver == rank or save["path"] != load["path"]:
                 continue
-            why = _race(load, save, _saver_reads_after(loads, saver, rank, load, save))
+            why = _race(load, save, _saver_reads(loads, saver, rank, load, save))
             if why:
                 name = os.path.basename(load["path"])
                 return finding("P15", f"rank {rank}'s torch.load({name!r}) {why} rank "
@@ -80,31 +89,51 @@ def _p15(obs: Observation) -> Finding | None:
     return None
 
 
-def _race(load: dict[str, Any], save: dict[str, Any], saver_reads_after: bool) -> str:
-    """How the load raced the save, or "" when it did not."""
+def _race(load: dict[str, Any], save: dict[str, Any], saver_reads: str) -> str:
+    """How the load raced the save, or "" when it did not. `saver_reads` says whether the
+    saving rank's matching load came "after" its save, "before" it, or "never"."""
     save_end = save.get("t_end", float("inf"))
     load_end = load.get("t_end", load["t"])
     if load["t"] >= save_end:
+        meant = saver_reads == "after" or saver_reads == "never"
+        if meant and "collectives" in save and not _ordered(load, save):
+            late = (load["t"] - save_end) * 1000
+            return (f"began {late:.1f} ms after, by luck: no barrier, collective or DDP "
+                    f"step made it wait for the end of")
         return ""
     ms = (save_end - load["t"]) * 1000 if save_end != float("inf") else None
     early = f"began {ms:.0f} ms before the end of" if ms is not None else "began during"
-    if load.get("error") and (load_end > save["t"] or saver_reads_after):
+    gap = (save["t"] - load_end) * 1000
+    soon = saver_reads == "never" and gap < SOON_MS  # the saver writes it for the others
+    if load.get("error") and (load_end > save["t"] or saver_reads == "after" or soon):
         return f"failed ({load['error'].split(':')[0]}); it {early}"
     if load_end > save["t"]:
         return f"overlapped: it {early}"
-    if saver_reads_after:
-        return f"read the file {(save['t'] - load_end) * 1000:.0f} ms before the start of"
+    if saver_reads == "after":
+        return f"read the file {gap:.0f} ms before the start of"
     return ""
 
 
-def _saver_reads_after(loads: list[tuple[int, dict[str, Any]]], saver: int, rank: int,
-                       load: dict[str, Any], save: dict[str, Any]) -> bool:
-    """The saver's load of the file that matches this rank's (the same count of loads of
-    that file) came after its save: the file this rank read was meant to be the new one."""
+def _ordered(load: dict[str, Any], save: dict[str, Any]) -> bool:
+    """The loading rank had finished a collective (or DDP backward) that the saving rank
+    began only after its save ended: the load could not have come first."""
+    return (load["collectives"] > save["collectives"]
+            or load["ddp_backwards"] > save["ddp_forwards"])
+
+
+def _saver_reads(loads: list[tuple[int, dict[str, Any]]], saver: int, rank: int,
+                 load: dict[str, Any], save: dict[str, Any]) -> str:
+    """Whether the saver's load of the file that matches this rank's (the same count of
+    loads of that file) came "after" its save (the file this rank read was meant to be the
+    new one), "before" it, or "never" (the saver does not read the file)."""
     mine = [e for r, e in loads if r == rank and e["path"] == load["path"]]
     theirs = [e for r, e in loads if r == saver and e["path"] == load["path"]]
     index = next(i for i, e in enumerate(mine) if e is load)
-    return index < len(theirs) and theirs[index]["t"] >= save.get("t_end", float("inf"))
+    if not theirs:
+        return "never"
+    if index < len(theirs) and theirs[index]["t"] >= save.get("t_end", float("inf")):
+        return "after"
+    return "before"
 
 
 def _sizes(load: dict[str, Any], save: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from course_lib.xray import record
+from course_lib.xray.probes import ddp
 
 PREFIX = "module."
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -54,6 +55,14 @@ def prefixed_keys(obj: Any) -> tuple[int, int]:
     return sum(k.startswith(PREFIX) for k in keys), len(keys)
 
 
+def _sync_points() -> dict[str, int]:
+    """How far this rank is in the sequences that order ranks: the collectives it called
+    (the collectives probe's events) and DDP's synced forwards and backwards."""
+    forwards, backwards = ddp.progress()
+    calls = sum(e["kind"] == "collective" for e in record.events())
+    return {"collectives": calls, "ddp_forwards": forwards, "ddp_backwards": backwards}
+
+
 def _size(path: str) -> int:
     try:
         return os.stat(path).st_size
@@ -70,7 +79,7 @@ def _save(real: Any) -> Any:
         prefixed, keys = prefixed_keys(obj)
         event = record.note("save", path=path, prefixed=prefixed, keys=keys)
         real(obj, f, *args, **kwargs)
-        event.update(t_end=time.monotonic(), size=_size(path))
+        event.update(t_end=time.monotonic(), size=_size(path), **_sync_points())
     return save
 
 
@@ -80,7 +89,7 @@ def _load(real: Any) -> Any:
         path = "" if _from_torch() else file_of(f)
         if not path:
             return real(f, *args, **kwargs)
-        event = record.note("load", path=path, size=_size(path))
+        event = record.note("load", path=path, size=_size(path), **_sync_points())
         try:
             out = real(f, *args, **kwargs)
         except Exception as exc:

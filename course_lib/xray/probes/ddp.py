@@ -23,6 +23,7 @@ from course_lib.xray import record
 MAX_NAMES = 4  # unused parameters named in an event
 
 _live: list[weakref.ref] = []  # the run's DDP objects
+_progress = {"forwards": 0, "backwards": 0}  # synced ones over the run, every DDP model
 
 
 class _Tracker:
@@ -40,6 +41,7 @@ class _Tracker:
         if self.pending is not None and self.seen:
             if self.pending:
                 self.synced += 1
+                _progress["backwards"] += 1
                 if len(self.seen) == len(self.names):
                     self.all_used += 1
                 elif not self.unused_noted:
@@ -57,6 +59,16 @@ def install() -> None:
     DDP.__init__ = _ddp_init(DDP.__init__)
     DDP.forward = _ddp_forward(DDP.forward)
     _BatchNorm.forward = _bn_forward(_BatchNorm.forward)
+
+
+def progress() -> tuple[int, int]:
+    """Synced DDP forwards begun and synced backwards run so far in this rank: a rank's
+    k-th synced backward ends only after every rank began its k-th (the all-reduce)."""
+    running = 0
+    for ref in _live:
+        tracker = getattr(ref(), "_xray", None)
+        running += bool(tracker is not None and tracker.pending and tracker.seen)
+    return _progress["forwards"], _progress["backwards"] + running
 
 
 def take_counts() -> dict[str, int]:
@@ -120,6 +132,7 @@ def _ddp_forward(real: Any) -> Any:
             tracker.settle()
             if torch.is_grad_enabled():
                 tracker.pending = bool(self.require_backward_grad_sync)
+                _progress["forwards"] += tracker.pending
         return real(self, *args, **kwargs)
     return forward
 

@@ -94,7 +94,7 @@ def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     params = _params(optimizer)
     grads = [p.grad for p in params if p.grad is not None]
     pending = optimizer._xray_pending
-    if _comparable(params) and not _is_zero(optimizer):
+    if _comparable(params):
         if step == 1:
             pending["params_before"] = checksum(params)
         pending["grads"] = checksum(grads)
