@@ -5,6 +5,7 @@ labelled with the job that printed it, and no process it started outlives the ce
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shlex
 import signal
@@ -158,6 +159,12 @@ def error_lines(lines: Sequence[str], most: int = 4) -> list[str]:
     return unique[-most:] or [ln.strip() for ln in lines[-most:]]
 
 
+def _short(line: str, most: int = 115) -> str:
+    """An error line without its module path, cut to `most` characters."""
+    line = re.sub(r"^[\w.]+\.(\w+(Error|Exception))", r"\1", line.strip())
+    return line if len(line) <= most else line[:most - 3] + "..."
+
+
 def plot_jobs(jobs: Sequence[Job], title: str) -> object:
     """One bar per job, from its start to its end, green when it exited 0 and red when not,
     labelled with how it ended (the last error line it printed)."""
@@ -170,8 +177,8 @@ def plot_jobs(jobs: Sequence[Job], title: str) -> object:
         code = job.process.returncode
         color = GREEN if code == 0 else (BLUE if code is None else HIGHLIGHT)
         ax.barh(y, job.seconds, left=job.started - t0, color=color, height=0.5)
-        how = "exit 0" if code == 0 else f"exit {code}: " + error_lines(job.lines, 1)[0][-70:]
-        ax.text(job.started - t0 + 0.1, y + 0.33, f"{job.seconds:.1f} s, {how}", fontsize=8)
+        how = "exit 0" if code == 0 else f"exit {code}: " + _short(error_lines(job.lines, 2)[0])
+        ax.text(job.started - t0 + 0.1, y + 0.36, f"{job.seconds:.1f} s, {how}", fontsize=8)
     ax.set_yticks(range(len(jobs)), [job.label for job in jobs])
     ax.set_ylim(len(jobs) - 0.3, -0.6)
     ax.set_xlabel("seconds since the first start")
