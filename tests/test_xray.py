@@ -126,3 +126,124 @@ def _every_rank_all_data() -> int:
 
 _LOADER_LINE = next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
                     if line.endswith("# _LOADER_LINE"))
+
+
+# X-DET: the model, checkpoint and amp detectors on hand-made observations (no launch): each
+# rule fires on the run that shows its pitfall and stays quiet on the run beside it.
+
+def _obs(*per_rank: list[dict]):
+    """An Observation of len(per_rank) ranks with these events."""
+    from course_lib.xray.observation import Observation
+    return Observation(world_size=len(per_rank), events=dict(enumerate(per_rank)))
+
+
+def _ev(kind: str, t: float = 0.0, **fields) -> dict:
+    return {"kind": kind, "where": "train.py:7", "t": t, **fields}
+
+
+def _ids(detector, obs) -> list[tuple[str, str]]:
+    return [(f.id, f.certainty) for f in detector.detect(obs)]
+
+
+def _step(step: int, grads: list[float], params: list[float], **counts) -> dict:
+    return _ev("opt_step", step=step, opt="SGD#1", grads=grads, params=params, shapes="s",
+               **{"synced": 1, "local": 0, "all_used": 1, **counts})
+
+
+def test_p08_needs_averaged_gradients_and_differing_replicas() -> None:
+    from course_lib.xray.detectors import model
+    same, other = [1.0, 2.0], [1.5, 2.5]
+    averaged = _obs([_step(1, same, same)], [_step(1, same, other)])
+    assert _ids(model, averaged) == [("P08", "confirmed")]
+    independent = _obs([_step(1, same, same)], [_step(1, other, other)])
+    assert _ids(model, independent) == []
+    in_sync = _obs([_step(1, same, other)], [_step(1, same, other)])
+    assert _ids(model, in_sync) == []
+
+
+def test_p09_counts_synced_backwards_per_step() -> None:
+    from course_lib.xray.detectors import model
+    def steps(synced: int, local: int) -> list[dict]:
+        return [_step(i, [1.0, 1.0], [1.0, 1.0], synced=synced, local=local)
+                for i in range(1, 5)]
+    findings = model.detect(_obs(steps(4, 0), steps(4, 0)))
+    assert [f.id for f in findings] == ["P09"]
+    assert "16 backward passes" in findings[0].evidence and "4 optimizer steps" in \
+        findings[0].evidence
+    assert _ids(model, _obs(steps(1, 3), steps(1, 3))) == []
+
+
+def test_p10_find_unused_without_unused_parameters_is_a_suspicion() -> None:
+    from course_lib.xray.detectors import model
+    ddp = _ev("ddp", find_unused=True, static_graph=False, params=4, batchnorm=[],
+              sync_batchnorm=[])
+    steps = [_step(i, [1.0, 1.0], [1.0, 1.0]) for i in range(1, 4)]
+    assert _ids(model, _obs([ddp, *steps], [ddp, *steps])) == [("P10", "suspected")]
+    unused = _ev("ddp_unused", names=["aux.weight"], count=1, of=4)
+    assert _ids(model, _obs([ddp, *steps, unused], [ddp, *steps])) == []
+
+
+def test_p05_small_per_rank_batches_only() -> None:
+    from course_lib.xray.detectors import model
+    def bn(batch: int) -> dict:
+        return _ev("batchnorm", layer="bn1", cls="BatchNorm2d", batch=batch, layer_id=1)
+    assert _ids(model, _obs([bn(4), bn(8)], [bn(8)])) == [("P05", "confirmed")]
+    assert _ids(model, _obs([bn(4), bn(64)], [bn(64)])) == []  # a short last batch
+
+
+def _save(t: float, **fields) -> dict:
+    return _ev("save", t, **{"path": "/run/ckpt.pt", "prefixed": 0, "keys": 4,
+                             "t_end": t + 0.01, "size": 100, "collectives": 2,
+                             "ddp_forwards": 3, "ddp_backwards": 3, **fields})
+
+
+def _load(t: float, **fields) -> dict:
+    return _ev("load", t, **{"path": "/run/ckpt.pt", "size": 100, "t_end": t + 0.01,
+                             "collectives": 2, "ddp_forwards": 3, "ddp_backwards": 3,
+                             **fields})
+
+
+def test_p15_a_load_no_collective_orders_after_the_save() -> None:
+    from course_lib.xray.detectors import checkpoint
+    lucky = _obs([_save(1.0), _load(1.02)], [_load(1.015)])
+    assert _ids(checkpoint, lucky) == [("P15", "confirmed")]
+    barrier = _obs([_save(1.0), _load(1.02, collectives=3)], [_load(1.015, collectives=3)])
+    assert _ids(checkpoint, barrier) == []
+    failed = _obs([_save(1.0), _load(1.02)],
+                  [_load(1.001, size=-1, error="FileNotFoundError: no such file")])
+    assert _ids(checkpoint, failed) == [("P15", "confirmed")]
+
+
+def test_p15_resuming_at_start_is_not_a_race() -> None:
+    """Every rank tries the checkpoint at start (none yet), rank 0 saves at the end."""
+    from course_lib.xray.detectors import checkpoint
+    missing = {"size": -1, "error": "FileNotFoundError: no such file", "collectives": 0,
+               "ddp_forwards": 0, "ddp_backwards": 0}
+    obs = _obs([_load(0.1, **missing), _save(0.5)], [_load(0.1, **missing)])
+    assert _ids(checkpoint, obs) == []
+
+
+def test_p12_prefixed_keys_into_a_plain_model() -> None:
+    from course_lib.xray.detectors import checkpoint
+    def loaded(wrapper: bool, prefixed: int, **outcome) -> dict:
+        return _ev("load_state_dict", module="Net", wrapper=wrapper, prefixed=prefixed,
+                   keys=4, strict=True, **outcome)
+    plain = _obs([loaded(False, 4, error="RuntimeError: Error(s)\n\tUnexpected key(s) in "
+                                            "state_dict: \"module.w\"")], [])
+    findings = checkpoint.detect(plain)
+    assert [f.id for f in findings] == ["P12"] and "Unexpected key(s)" in findings[0].evidence
+    assert checkpoint.detect(_obs([loaded(True, 4, missing=0, unexpected=0)], [])) == []
+    assert checkpoint.detect(_obs([loaded(False, 0, missing=0, unexpected=0)], [])) == []
+
+
+def test_s3_fp16_without_scaler_and_zero_gradients() -> None:
+    from course_lib.xray.detectors import amp
+    fp16 = _ev("autocast", device="cpu", dtype="float16", training=True)
+    steps = [_ev("opt_step", step=i, zero=99, values=100, max_abs=1e-7) for i in (1, 2)]
+    assert _ids(amp, _obs([fp16, *steps], [fp16, *steps])) == [("S3", "confirmed")]
+    scaled = _ev("scaler_scale")
+    assert _ids(amp, _obs([fp16, scaled, *steps], [fp16, scaled, *steps])) == []
+    healthy = [_ev("opt_step", step=1, zero=1, values=100, max_abs=0.1)]
+    assert _ids(amp, _obs([fp16, *healthy], [fp16, *healthy])) == [("S3", "suspected")]
+    bf16 = _ev("autocast", device="cpu", dtype="bfloat16", training=True)
+    assert _ids(amp, _obs([bf16, *steps], [bf16, *steps])) == []

@@ -92,17 +92,25 @@ def _ddp_init(real: Any) -> Any:
     def init(self: DDP, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         where = record.where(2)
         real(self, module, *args, **kwargs)
-        tracker = _Tracker(self)
-        self._xray = tracker
-        _live.append(weakref.ref(self))
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        for index, p in enumerate(params):
-            p.register_post_accumulate_grad_hook(_seen_hook(tracker, index))
-        bns, sync_bns = _batchnorms(self.module)
-        record.note("ddp", where, find_unused=bool(self.find_unused_parameters),
-                    static_graph=bool(getattr(self, "static_graph", False)),
-                    params=len(params), batchnorm=bns, sync_batchnorm=sync_bns)
+        try:
+            _watch(self, where)
+        except Exception:  # noqa: BLE001 - the probe must never break the learner's model
+            return
     return init
+
+
+def _watch(ddp: DDP, where: str) -> None:
+    """Hook the new DDP model's parameters and note its options and BatchNorm layers."""
+    tracker = _Tracker(ddp)
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    for index, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(_seen_hook(tracker, index))
+    ddp._xray = tracker
+    _live.append(weakref.ref(ddp))
+    bns, sync_bns = _batchnorms(ddp.module)
+    record.note("ddp", where, find_unused=bool(ddp.find_unused_parameters),
+                static_graph=bool(getattr(ddp, "static_graph", False)),
+                params=len(params), batchnorm=bns, sync_batchnorm=sync_bns)
 
 
 def _seen_hook(tracker: _Tracker, index: int) -> Any:

@@ -32,9 +32,18 @@ _made = {"optimizers": 0}
 
 
 def install() -> None:
-    """Register the global step hooks."""
-    register_optimizer_step_pre_hook(_pre_step)
-    register_optimizer_step_post_hook(_post_step)
+    """Register the global step hooks (a probe's own failure never stops the learner's run)."""
+    register_optimizer_step_pre_hook(_quiet(_pre_step))
+    register_optimizer_step_post_hook(_quiet(_post_step))
+
+
+def _quiet(hook: Any) -> Any:
+    def run(*args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception:  # noqa: BLE001 - an odd parameter must not break the training step
+            return
+    return run
 
 
 def sampled(step: int) -> bool:
