@@ -152,19 +152,24 @@ def _step(step: int, grads: list[float], params: list[float], **counts) -> dict:
 
 def test_p08_needs_averaged_gradients_and_differing_replicas() -> None:
     from course_lib.xray.detectors import model
-    same, other = [1.0, 2.0], [1.5, 2.5]
+    same, other = [[1.0, 2.0], [3.0, 4.0]], [[1.5, 2.5], [3.5, 4.5]]
     averaged = _obs([_step(1, same, same)], [_step(1, same, other)])
     assert _ids(model, averaged) == [("P08", "confirmed")]
     independent = _obs([_step(1, same, same)], [_step(1, other, other)])
     assert _ids(model, independent) == []
     in_sync = _obs([_step(1, same, other)], [_step(1, same, other)])
     assert _ids(model, in_sync) == []
+    # the first parameter's gradient averaged, the second's not: the second drifts apart
+    partial = _obs([_step(3, same, same)], [_step(3, [same[0], other[1]], [same[0], other[1]])])
+    findings = model.detect(partial)
+    assert [f.id for f in findings] == ["P08"] and "1 of 2 parameters differ" in \
+        findings[0].evidence
 
 
 def test_p09_counts_synced_backwards_per_step() -> None:
     from course_lib.xray.detectors import model
     def steps(synced: int, local: int) -> list[dict]:
-        return [_step(i, [1.0, 1.0], [1.0, 1.0], synced=synced, local=local)
+        return [_step(i, [[1.0, 1.0]], [[1.0, 1.0]], synced=synced, local=local)
                 for i in range(1, 5)]
     findings = model.detect(_obs(steps(4, 0), steps(4, 0)))
     assert [f.id for f in findings] == ["P09"]
@@ -177,7 +182,7 @@ def test_p10_find_unused_without_unused_parameters_is_a_suspicion() -> None:
     from course_lib.xray.detectors import model
     ddp = _ev("ddp", find_unused=True, static_graph=False, params=4, batchnorm=[],
               sync_batchnorm=[])
-    steps = [_step(i, [1.0, 1.0], [1.0, 1.0]) for i in range(1, 4)]
+    steps = [_step(i, [[1.0, 1.0]], [[1.0, 1.0]]) for i in range(1, 4)]
     assert _ids(model, _obs([ddp, *steps], [ddp, *steps])) == [("P10", "suspected")]
     unused = _ev("ddp_unused", names=["aux.weight"], count=1, of=4)
     assert _ids(model, _obs([ddp, *steps, unused], [ddp, *steps])) == []

@@ -78,7 +78,8 @@ def _differ(a: list[float], b: list[float], tolerance: float) -> bool:
 
 
 def _p08(obs: Observation) -> Finding | None:
-    """Averaged (equal) gradients on every rank, but parameters that differ across ranks."""
+    """At one step, some parameters' gradients equal on every rank (averaged: the ranks do
+    sync) while some parameters differ across ranks: replicas that drifted apart."""
     table: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
     for rank, e in obs.of("opt_step"):
         if "grads" in e and "params" in e:
@@ -87,24 +88,32 @@ def _p08(obs: Observation) -> Finding | None:
         if len(by_rank) < 2 or len({e["shapes"] for e in by_rank.values()}) > 1:
             continue
         ranks = sorted(by_rank)
-        r0, e0 = ranks[0], by_rank[ranks[0]]
-        if e0["grads"] == [0.0, 0.0]:
-            continue
-        if any(_differ(e0["grads"], by_rank[r]["grads"], GRADS_EQUAL) for r in ranks[1:]):
-            continue  # the ranks' gradients were not averaged: independent training
-        other = next((r for r in ranks[1:]
-                      if _differ(e0["params"], by_rank[r]["params"], PARAMS_DIFFER)), None)
-        if other is None:
-            continue
-        start = (e0.get("params_before"), by_rank[other].get("params_before"))
-        before = ("; they differed already before the first step"
-                  if None not in start and _differ(*start, PARAMS_DIFFER) else "")
-        return finding("P08", f"after optimizer step {step} the gradients were identical on "
-                              f"every rank (averaged) but the parameters were not: their sum "
-                              f"was {e0['params'][0]:.6g} on rank {r0} and "
-                              f"{by_rank[other]['params'][0]:.6g} on rank {other}{before}",
-                       e0["where"])
+        e0 = by_rank[ranks[0]]
+        for other in ranks[1:]:
+            e1 = by_rank[other]
+            synced = [i for i, (a, b) in enumerate(zip(e0["grads"], e1["grads"]))
+                      if a != [0.0, 0.0] and not _differ(a, b, GRADS_EQUAL)]
+            apart = [i for i, (a, b) in enumerate(zip(e0["params"], e1["params"]))
+                     if _differ(a, b, PARAMS_DIFFER)]
+            if synced and apart:
+                return finding("P08", _p08_evidence(step, ranks[0], other, e0, e1, synced,
+                                                    apart), e0["where"])
     return None
+
+
+def _p08_evidence(step: int, r0: int, r1: int, e0: dict[str, Any], e1: dict[str, Any],
+                  synced: list[int], apart: list[int]) -> str:
+    """One line: how many parameters were averaged, how many differ, by how much."""
+    n, first = len(e0["params"]), apart[0]
+    a, b = e0["params"][first][1], e1["params"][first][1]
+    start = (e0.get("params_before"), e1.get("params_before"))
+    before = ("; they differed already before the first step"
+              if None not in start and any(_differ(a, b, PARAMS_DIFFER)
+                                           for a, b in zip(*start)) else "")
+    return (f"after optimizer step {step}, {len(synced)} of {n} parameters had identical "
+            f"(averaged) gradients on ranks {r0} and {r1}, but {len(apart)} of {n} "
+            f"parameters differ between them (parameter #{first}: sum of squares "
+            f"{a:.6g} on rank {r0}, {b:.6g} on rank {r1}){before}")
 
 
 def _p09(obs: Observation) -> Finding | None:

@@ -2,9 +2,9 @@
 
 A global optimizer step hook (torch.optim.optimizer.register_optimizer_step_*_hook) notes
 one "opt_step" event per step: the DDP backward counts since the previous step (ddp probe),
-and at sampled steps checksums of the gradients (before the step) and of the parameters
-(before the first step and after each sampled one), so that the detectors can compare the
-ranks' replicas; while fp16 autocast trains, the fraction of gradient values that are
+and at sampled steps per-parameter checksums of the gradients (before the step) and of the
+parameters (before the first step and after each sampled one), so that the detectors can
+compare the ranks' replicas; while fp16 autocast trains, the fraction of gradient values that are
 exactly zero. A GradScaler step that skips the optimizer step is noted as skipped (amp probe).
 """
 
@@ -59,17 +59,18 @@ def _comparable(params: list[torch.Tensor]) -> bool:
     return all(type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in params)
 
 
-def checksum(tensors: list[torch.Tensor | None]) -> list[float]:
-    """Sum and sum of squares of the tensors, in float64: equal on ranks with equal values."""
-    total = square = 0.0
+def checksum(tensors: list[torch.Tensor | None]) -> list[list[float]]:
+    """Per tensor, its sum and sum of squares in float64 ([0, 0] for a missing gradient):
+    equal on ranks whose tensors hold equal values."""
+    out = []
     with torch.no_grad():
         for t in tensors:
-            if t is None or t.is_sparse:
+            if t is None or t.is_sparse or t.is_complex():
+                out.append([0.0, 0.0])
                 continue
             d = t.detach().to(torch.float64)
-            total += float(d.sum())
-            square += float((d * d).sum())
-    return [total, square]
+            out.append([float(d.sum()), float((d * d).sum())])
+    return out
 
 
 def zeros(grads: list[torch.Tensor]) -> tuple[int, int, float]:
@@ -106,7 +107,7 @@ def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if _comparable(params):
         if step == 1:
             pending["params_before"] = checksum(params)
-        pending["grads"] = checksum(grads)
+        pending["grads"] = checksum([p.grad for p in params])
         pending["shapes"] = _shape_key(params)
     if _amp["fp16_training"] and grads:
         pending["zero"], pending["values"], pending["max_abs"] = zeros(grads)
