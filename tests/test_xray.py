@@ -252,3 +252,19 @@ def test_s3_fp16_without_scaler_and_zero_gradients() -> None:
     assert _ids(amp, _obs([fp16, *healthy], [fp16, *healthy])) == [("S3", "suspected")]
     bf16 = _ev("autocast", device="cpu", dtype="bfloat16", training=True)
     assert _ids(amp, _obs([bf16, *steps], [bf16, *steps])) == []
+
+
+def test_a_failing_probe_never_breaks_the_run() -> None:
+    """A bug in a probe's bookkeeping is kept as an event and reported, not raised."""
+    from course_lib.xray import record
+    from course_lib.xray.detectors import run_all
+    from course_lib.xray.observation import Observation
+
+    record.clear()
+    with record.guard():
+        raise KeyError("fingerprints")
+    events = list(record.events())
+    record.clear()
+    assert [e["kind"] for e in events] == ["probe_error"]
+    report = run_all(Observation(world_size=2, events={0: events, 1: []}))
+    assert any("a probe failed on rank 0 (KeyError" in line for line in report.not_checked)

@@ -10,6 +10,8 @@ import os
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -66,3 +68,16 @@ def events() -> list[dict[str, Any]]:
 def clear() -> None:
     """Forget this rank's events (a fresh x-ray in the same process)."""
     _events.clear()
+
+
+@contextmanager
+def guard() -> Iterator[None]:
+    """Around a probe's own bookkeeping: a failure there must never break the learner's
+    run; it is kept as a "probe_error" event (the first one of each kind of error)."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - any bug of ours: note it, run on
+        text = f"{type(exc).__name__}: {exc}"[:200]
+        if not any(e["kind"] == "probe_error" and e["error"] == text for e in _events):
+            _events.append({"kind": "probe_error", "where": "", "t": time.monotonic(),
+                            "error": text})

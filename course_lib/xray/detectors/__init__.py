@@ -40,6 +40,9 @@ def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Rep
         checks += module.CHECKS
         if hasattr(module, "not_checked"):
             not_checked += module.not_checked(obs)
+    for rank, e in obs.of("probe_error"):
+        not_checked.append(f"x-ray: a probe failed on rank {rank} ({e['error']}); what it "
+                           "watches may be incomplete")
     ids = {f.id for f in findings}
     hidden = set().union(*(EXPLAINS.get(i, set()) for i in ids))
     findings = [f for f in findings if f.id not in hidden]

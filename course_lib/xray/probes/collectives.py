@@ -45,8 +45,9 @@ def _wrap(name: str, real: Any) -> Any:
             return real(*args, **kwargs)
         _inside.depth = 1
         try:
-            record.note("collective", op=name, shapes=_shapes(args, kwargs),
-                        group=_group_size(kwargs))
+            with record.guard():
+                record.note("collective", op=name, shapes=_shapes(args, kwargs),
+                            group=_group_size(kwargs))
             return real(*args, **kwargs)
         finally:
             _inside.depth = 0

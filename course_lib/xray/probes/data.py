@@ -20,7 +20,7 @@ from torch.utils.data import dataloader as dl
 
 from course_lib.xray import record
 
-_state = {"loaders": 0, "samplers": 0, "current": None}
+_state = {"samplers": 0, "current": None}
 _at_line: dict[str, int] = {}  # loaders made at each line, to match them across ranks
 
 
@@ -39,7 +39,8 @@ def install() -> None:
 def _join_init(real: Any) -> Any:
     @functools.wraps(real)
     def init(self: Join, joinables: Any, enable: bool = True, *args: Any, **kwargs: Any) -> None:
-        record.note("join", enable=bool(enable))  # uneven inputs, handled (model.join())
+        with record.guard():
+            record.note("join", enable=bool(enable))  # uneven inputs, handled (model.join())
         real(self, joinables, enable, *args, **kwargs)
     return init
 
@@ -62,24 +63,30 @@ def _sampler_key(sampler: Any) -> int:
 def _loader_init(real: Any) -> Any:
     @functools.wraps(real)
     def init(self: DataLoader, dataset: Any, *args: Any, **kwargs: Any) -> None:
-        where = record.where(2)
-        sampler = kwargs.get("sampler", args[2] if len(args) > 2 else None)
-        shuffle = kwargs.get("shuffle", args[1] if len(args) > 1 else None)
-        _at_line[where] = _at_line.get(where, 0) + 1
-        _state["loaders"] += 1
-        self._xray_key = f"{where}#{_at_line[where]}"
-        record.note("loader", where, key=self._xray_key, shuffle=bool(shuffle),
-                    sampler=type(sampler).__name__ if sampler is not None else "",
-                    sampler_key=_sampler_key(sampler))
+        with record.guard():
+            _note_loader(self, args, kwargs)
         real(self, dataset, *args, **kwargs)
     return init
+
+
+def _note_loader(loader: DataLoader, args: tuple, kwargs: dict) -> None:
+    """Note a DataLoader's sampler and shuffle before it is made (it may refuse them)."""
+    where = record.where(3)
+    sampler = kwargs.get("sampler", args[2] if len(args) > 2 else None)
+    shuffle = kwargs.get("shuffle", args[1] if len(args) > 1 else None)
+    _at_line[where] = _at_line.get(where, 0) + 1
+    loader._xray_key = f"{where}#{_at_line[where]}"
+    record.note("loader", where, key=loader._xray_key, shuffle=bool(shuffle),
+                sampler=type(sampler).__name__ if sampler is not None else "",
+                sampler_key=_sampler_key(sampler))
 
 
 def _loader_iter(real: Any) -> Any:
     @functools.wraps(real)
     def iterate(self: DataLoader) -> Any:
         it = real(self)
-        it._xray_pass = _new_pass(self)
+        with record.guard():
+            it._xray_pass = _new_pass(self)
         return it
     return iterate
 
@@ -109,7 +116,7 @@ def _sampler_settings(sampler: DistributedSampler | None) -> dict[str, Any] | No
 def _len(dataset: Any) -> int | None:
     try:
         return len(dataset)
-    except TypeError:
+    except Exception:  # noqa: BLE001 - no __len__, or one that raises (IterableDataset)
         return None
 
 
@@ -133,9 +140,10 @@ def _next_index(real: Any) -> Any:
         index = real(self)
         current = getattr(self, "_xray_pass", None)
         if current is not None:
-            batch = index if isinstance(index, list) else [index]
-            current["indices"].append([_base_index(self._dataset, i) for i in batch
-                                       if isinstance(i, int)])
+            with record.guard():
+                batch = index if isinstance(index, list) else [index]
+                current["indices"].append([_base_index(self._dataset, i) for i in batch
+                                           if isinstance(i, int)])
         return index
     return next_index
 
@@ -151,13 +159,18 @@ def _next(real: Any) -> Any:
                 current["done"] = True
             raise
         if current is not None:
-            rows = _first_tensor(data)
-            current["sizes"].append(int(rows.shape[0]) if rows is not None else 1)
-            current["fingerprints"].append(_fingerprint(rows))
-            current["end"] = time.monotonic()
-            _state["current"] = current
+            with record.guard():
+                _note_batch(current, data)
         return data
     return next_batch
+
+
+def _note_batch(current: dict[str, Any], data: Any) -> None:
+    rows = _first_tensor(data)
+    current["sizes"].append(int(rows.shape[0]) if rows is not None else 1)
+    current["fingerprints"].append(_fingerprint(rows))
+    current["end"] = time.monotonic()
+    _state["current"] = current
 
 
 def _first_tensor(data: Any) -> torch.Tensor | None:
@@ -191,15 +204,17 @@ def _sampler_init(real: Any) -> Any:
     @functools.wraps(real)
     def init(self: DistributedSampler, *args: Any, **kwargs: Any) -> None:
         real(self, *args, **kwargs)
-        record.note("sampler", key=_sampler_key(self), **_sampler_settings(self),
-                    dataset_len=_len(self.dataset))
+        with record.guard():
+            record.note("sampler", key=_sampler_key(self), **_sampler_settings(self),
+                        dataset_len=_len(self.dataset))
     return init
 
 
 def _set_epoch(real: Any) -> Any:
     @functools.wraps(real)
     def set_epoch(self: DistributedSampler, epoch: int) -> None:
-        record.note("set_epoch", sampler_key=_sampler_key(self), epoch=int(epoch))
+        with record.guard():
+            record.note("set_epoch", sampler_key=_sampler_key(self), epoch=int(epoch))
         real(self, epoch)
     return set_epoch
 

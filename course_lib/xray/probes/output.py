@@ -26,10 +26,11 @@ def _emit(real: Any) -> Any:
     @functools.wraps(real)
     def emit(self: logging.StreamHandler, rec: logging.LogRecord) -> None:
         real(self, rec)
-        if self.stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) \
-                and record.is_own(rec.pathname):
-            record.note("print", record.location(rec.pathname, rec.lineno),
-                        text=rec.getMessage()[:MAX_TEXT])
+        with record.guard():
+            if self.stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) \
+                    and record.is_own(rec.pathname):
+                record.note("print", record.location(rec.pathname, rec.lineno),
+                            text=rec.getMessage()[:MAX_TEXT])
     return emit
 
 
@@ -41,6 +42,7 @@ def _print(*args: Any, **kwargs: Any) -> None:
     caller = sys._getframe(1).f_code.co_filename
     if not record.is_own(caller):
         return  # torch's or the course's own message
-    text = io.StringIO()
-    _real_print(*args, **{**kwargs, "file": text, "flush": False})
-    record.note("print", record.where(2), text=text.getvalue().rstrip("\n")[:MAX_TEXT])
+    with record.guard():
+        text = io.StringIO()
+        _real_print(*args, **{**kwargs, "file": text, "flush": False})
+        record.note("print", record.where(2), text=text.getvalue().rstrip("\n")[:MAX_TEXT])
