@@ -13,8 +13,8 @@ _PER_RANK = re.compile(r"rank|gpu|device|cuda:|local", re.IGNORECASE)
 
 
 def detect(obs: Observation) -> list[Finding]:
-    """P16 when one print() line ran on every rank: confirmed when the ranks printed the
-    same text, suspected when each printed its own values more than once."""
+    """P16 when one print() line ran on every rank and printed the same text, or printed
+    its own values more than once without naming the rank."""
     if obs.world_size < 2 or len(obs.events) < obs.world_size:
         return []
     sites: dict[str, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -32,16 +32,13 @@ def detect(obs: Observation) -> list[Finding]:
             found.append(finding("P16", f"all {obs.world_size} ranks printed {text[:60]!r}: "
                                         f"{len(common)} identical line(s) from this print, "
                                         f"each once per rank", where))
-        elif times >= 2:
-            # Each rank its own values, again and again: a log line repeated per rank, unless
-            # it names the rank (then perhaps a per-rank diagnostic, on purpose).
-            sure = not _PER_RANK.search(first)
+        elif times >= 2 and not _PER_RANK.search(first):
+            # Each rank its own values, again and again: a log line repeated per rank. A line
+            # that names the rank ("[GPU1] epoch 3") is a per-rank diagnostic, on purpose.
             found.append(finding("P16", f"all {obs.world_size} ranks ran this print "
                                         f"{times} time(s) each, each rank with its own values "
-                                        f"(rank {min(by_rank)}: {first[:50]!r})", where,
-                                 certainty="confirmed" if sure else "suspected"))
-    found.sort(key=lambda f: not f.confirmed)
-    return found[:1]  # one finding: the first site that shows it best
+                                        f"(rank {min(by_rank)}: {first[:50]!r})", where))
+    return found[:1]  # one finding: the first site that shows it
 
 
 def not_checked(obs: Observation) -> list[str]:
