@@ -1,5 +1,5 @@
-"""Detector: fp16 autocast training without a GradScaler, and its gradients underflowing to
-zero (S3)."""
+"""Detector: fp16 training (autocast, or fp16 weights) without a GradScaler, and its
+gradients underflowing to zero (S3)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ def detect(obs: Observation) -> list[Finding]:
     for rank in sorted(obs.events):
         fp16 = [e for r, e in obs.of("autocast") if r == rank
                 and e["dtype"] == "float16" and e["training"]]
+        fp16 += [{**e, "device": "fp16 weights"} for r, e in obs.of("fp16_params")
+                 if r == rank]
         scaled = [e for r, e in obs.of("scaler_scale") if r == rank]
         if not fp16 or scaled:
             continue
@@ -29,9 +31,10 @@ def detect(obs: Observation) -> list[Finding]:
         fractions = [e["zero"] / e["values"] for e in steps]
         zero_steps = sum(f >= MOSTLY_ZERO for f in fractions)
         all_zero = sum(e["max_abs"] == 0.0 for e in steps)
-        span = (f"{min(fractions):.0%}" if min(fractions) == max(fractions) else
-                f"{min(fractions):.0%}-{max(fractions):.0%}")
-        evidence = (f"fp16 autocast without a GradScaler on rank {rank}: {span} of the "
+        low, high = f"{min(fractions):.0%}", f"{max(fractions):.0%}"
+        span = low if low == high else f"{low}-{high}"
+        how = "fp16 weights" if "fp16 weights" in fp16[0]["device"] else "fp16 autocast"
+        evidence = (f"{how} without a GradScaler on rank {rank}: {span} of the "
                     f"gradient values were exactly 0.0 at the {len(steps)} optimizer steps "
                     f"measured")
         if all_zero:
@@ -43,6 +46,7 @@ def detect(obs: Observation) -> list[Finding]:
 
 def not_checked(obs: Observation) -> list[str]:
     """What this run gave nothing to judge."""
-    if not any(e["dtype"] == "float16" for _, e in obs.of("autocast")):
-        return ["S3: no fp16 autocast ran"]
+    if not obs.of("fp16_params") and not any(e["dtype"] == "float16"
+                                             for _, e in obs.of("autocast")):
+        return ["S3: no fp16 autocast ran and no fp16 weights were trained"]
     return []

@@ -126,8 +126,14 @@ def _p09(obs: Observation) -> Finding | None:
         synced = sum(e["synced"] for e in with_ddp)
         local = sum(e["local"] for e in with_ddp)
         per_step = max(e["synced"] for e in with_ddp)
-        held = (f"no_sync() held back only {local}" if local
-                else "none ran inside no_sync()")
+        entered = sum(e.get("no_sync", 0) for e in with_ddp)
+        if local:
+            held = f"no_sync() held back only {local}"
+        elif entered:
+            held = (f"no_sync() was entered {entered} times, but the forward ran outside it, "
+                    f"so each backward still all-reduced")
+        else:
+            held = "none ran inside no_sync()"
         return finding("P09", f"on rank {rank}, {synced} backward passes all-reduced the "
                               f"gradients for {len(with_ddp)} optimizer steps (up to "
                               f"{per_step} per step); {held}", extra[0]["where"])

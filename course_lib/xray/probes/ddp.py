@@ -33,7 +33,7 @@ class _Tracker:
         self.names = [n for n, p in ddp.module.named_parameters() if p.requires_grad]
         self.seen: set[int] = set()  # parameters that got a gradient since the last forward
         self.pending: bool | None = None  # the last forward's sync flag, None: no forward
-        self.synced = self.local = self.all_used = 0
+        self.synced = self.local = self.all_used = self.no_sync = 0
         self.unused_noted = False
 
     def settle(self) -> None:
@@ -58,6 +58,7 @@ def install() -> None:
     """Patch DDP's constructor and forward, and plain BatchNorm's forward."""
     DDP.__init__ = _ddp_init(DDP.__init__)
     DDP.forward = _ddp_forward(DDP.forward)
+    DDP.no_sync = _no_sync(DDP.no_sync)
     _BatchNorm.forward = _bn_forward(_BatchNorm.forward)
 
 
@@ -73,8 +74,9 @@ def progress() -> tuple[int, int]:
 
 def take_counts() -> dict[str, int]:
     """Backwards since the last call, over every DDP model: all-reduced ('synced'), inside
-    no_sync() ('local'), synced with every parameter used ('all_used'); then reset."""
-    total = {"synced": 0, "local": 0, "all_used": 0}
+    no_sync() ('local'), synced with every parameter used ('all_used'), and how often
+    no_sync() was entered ('no_sync'); then reset."""
+    total = {"synced": 0, "local": 0, "all_used": 0, "no_sync": 0}
     for ref in list(_live):
         ddp = ref()
         tracker = getattr(ddp, "_xray", None)
@@ -83,7 +85,7 @@ def take_counts() -> dict[str, int]:
         tracker.settle()
         for key in total:
             total[key] += getattr(tracker, key)
-        tracker.synced = tracker.local = tracker.all_used = 0
+        tracker.synced = tracker.local = tracker.all_used = tracker.no_sync = 0
     return total
 
 
@@ -143,6 +145,16 @@ def _ddp_forward(real: Any) -> Any:
                 _progress["forwards"] += tracker.pending
         return real(self, *args, **kwargs)
     return forward
+
+
+def _no_sync(real: Any) -> Any:
+    @functools.wraps(real)
+    def no_sync(self: DDP) -> Any:
+        tracker = getattr(self, "_xray", None)
+        if tracker is not None:
+            tracker.no_sync += 1
+        return real(self)
+    return no_sync
 
 
 def _bn_forward(real: Any) -> Any:

@@ -109,6 +109,9 @@ def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
             pending["params_before"] = checksum(params)
         pending["grads"] = checksum([p.grad for p in params])
         pending["shapes"] = _shape_key(params)
+    if not _amp["fp16_training"] and any(p.dtype == torch.float16 for p in params):
+        _amp["fp16_training"] = True  # model.half(): fp16 weights and gradients
+        record.note("fp16_params", record.where(2), count=len(params))
     if _amp["fp16_training"] and grads:
         pending["zero"], pending["values"], pending["max_abs"] = zeros(grads)
 
