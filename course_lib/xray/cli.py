@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--nproc-per-node must be at least 1")
     from course_lib.xray.worker import run_script
 
-    fn = functools.partial(run_script, os.path.abspath(args.script), args.args)
+    fn = functools.partial(run_script, os.path.abspath(args.script), args.args, os.getcwd())
     title = f"X-ray of {args.script} on {args.nproc_per_node} rank(s)"
     out = sys.stderr if args.json else sys.stdout
     with contextlib.redirect_stdout(out):

@@ -55,8 +55,11 @@ def spilled(spill_dir: str, rank: int) -> list[dict[str, Any]] | None:
         return None
 
 
-def run_script(path: str, argv: list[str]) -> None:
-    """Run a torchrun-style script as `python path argv...` would, in this rank."""
+def run_script(path: str, argv: list[str], cwd: str = "") -> None:
+    """Run a torchrun-style script as `python path argv...` would, in this rank, in `cwd`
+    (the caller's folder: a reused worker may have started elsewhere)."""
+    if cwd:
+        os.chdir(cwd)
     sys.argv = [path, *argv]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     runpy.run_path(path, run_name="__main__")
