@@ -119,7 +119,7 @@ def check_launch() -> list[Check]:
 
 def check_peer(peer: str | None, listen_port: int | None, wait: float) -> Check:
     """--peer HOST:PORT or --listen PORT: the two ends of a multi-node reachability test."""
-    from course_lib.launching import peer as reach
+    from course_lib import peer as reach
 
     if listen_port is not None:
         result = reach.listen(listen_port, wait)
@@ -140,14 +140,13 @@ def run_doctor(checks: list[Callable[[], Check | list[Check]]] | None = None) ->
     return results
 
 
-def format_table(results: list[Check]) -> str:
+def format_table(results: list[Check], verdict: str = "ready for the course") -> str:
     width = max(len(c.name) for c in results)
     lines = [f"{'check':<{width}}  result  detail", f"{'-' * width}  ------  ------"]
     lines += [f"{c.name:<{width}}  {c.status:<6}  {c.detail}" for c in results]
     failed = [c.name for c in results if c.status == FAIL]
     lines.append("")
-    lines.append(f"FAILED: {', '.join(failed)}" if failed else "All checks passed: ready for "
-                 "the course.")
+    lines.append(f"FAILED: {', '.join(failed)}" if failed else f"All checks passed: {verdict}.")
     return "\n".join(lines)
 
 
@@ -164,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", type=float, default=10.0,
                         help="seconds to wait for the other side (default 10)")
     args = parser.parse_args(argv or [])
-    results = (run_doctor([lambda: check_peer(args.peer, args.listen, args.wait)])
-               if args.peer or args.listen else run_doctor())
-    print(format_table(results))
+    if args.peer or args.listen:
+        results = run_doctor([lambda: check_peer(args.peer, args.listen, args.wait)])
+        print(format_table(results, "both directions reach (this checks the network only)"))
+    else:
+        results = run_doctor()
+        print(format_table(results))
     return 1 if any(c.status == FAIL for c in results) else 0

@@ -134,9 +134,10 @@ MAY_IMPORT = {
     "telemetry": {"collectors", "wrappers"},
     "plots": {"telemetry"},
     "teach": {"protocol", "wrappers", "launching", "telemetry", "plots"},
-    "checks": {"protocol", "wrappers", "launching", "telemetry", "teach"},
+    "checks": {"protocol", "wrappers", "launching", "telemetry", "teach", "xray"},
     "authoring": {"protocol"},
-    "doctor": {"launching"},
+    "peer": set(),
+    "doctor": {"launching", "peer"},
     "xray": {"collectors", "launching", "authoring"},  # authoring: the pitfall registry
     "__main__": set(),
 }
@@ -169,7 +170,8 @@ def test_the_cycle_finder_finds_a_circle():
 
 TORCH_FREE = ["course_lib", "course_lib.protocol", "course_lib.authoring.gate",
               "course_lib.authoring.coverage", "course_lib.authoring.exercises",
-              "course_lib.authoring.stubs", "course_lib.doctor", "course_lib.checks"]
+              "course_lib.authoring.stubs", "course_lib.doctor", "course_lib.checks",
+              "course_lib.peer"]
 
 
 def imported(*args: str) -> set[str]:

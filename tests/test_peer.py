@@ -5,7 +5,7 @@ import sys
 import time
 
 from course_lib import doctor
-from course_lib.launching import peer
+from course_lib import peer
 from course_lib.teach.torchrun import free_ports
 
 
