@@ -1,4 +1,5 @@
 # expect: P03
+# xray: --nproc-per-node 3
 """Every rank shuffles the whole dataset itself: no DistributedSampler."""
 
 import os

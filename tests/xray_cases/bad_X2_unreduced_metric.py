@@ -1,4 +1,5 @@
 # expect: X2
+# xray: --nproc-per-node 3
 """Each rank evaluates its shard; rank 0 prints its own accuracy as the validation set's."""
 
 import os

@@ -1,4 +1,5 @@
 # expect: none
+# xray: --nproc-per-node 3
 """A correct torchrun-style script: DistributedSampler, set_epoch, logs on rank 0 only."""
 
 import os

@@ -45,7 +45,7 @@ def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Rep
                            "watches may be incomplete")
     ids = {f.id for f in findings}
     hidden = set().union(*(EXPLAINS.get(i, set()) for i in ids))
-    findings = [f for f in findings if f.id not in hidden]
+    findings = sorted((f for f in findings if f.id not in hidden), key=lambda f: not f.confirmed)
     unjudged = {line.split(":", 1)[0] for line in not_checked}
     checked = [f"{pid} {PITFALLS[pid].title}" for pid in checks
                if pid not in unjudged and pid not in ids]
