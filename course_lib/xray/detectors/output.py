@@ -29,16 +29,20 @@ def detect(obs: Observation) -> list[Finding]:
         first = by_rank[min(by_rank)][0]
         if common:
             text = next(t for t in by_rank[min(by_rank)] if t in common)
-            found.append(finding("P16", f"all {obs.world_size} ranks printed {text[:60]!r}: "
+            found.append(finding("P16", f"{_every(obs.world_size)} printed {text[:60]!r}: "
                                         f"{len(common)} identical line(s) from this print, "
                                         f"each once per rank", where))
         elif times >= 2 and not _PER_RANK.search(first):
             # Each rank its own values, again and again: a log line repeated per rank. A line
             # that names the rank ("[GPU1] epoch 3") is a per-rank diagnostic, on purpose.
-            found.append(finding("P16", f"all {obs.world_size} ranks ran this print "
+            found.append(finding("P16", f"{_every(obs.world_size)} ran this print "
                                         f"{times} time(s) each, each rank with its own values "
                                         f"(rank {min(by_rank)}: {first[:50]!r})", where))
     return found[:1]  # one finding: the first site that shows it
+
+
+def _every(n: int) -> str:
+    return "both ranks" if n == 2 else f"all {n} ranks"
 
 
 def not_checked(obs: Observation) -> list[str]:
