@@ -136,7 +136,8 @@ def _p09(obs: Observation) -> Finding | None:
             held = "none ran inside no_sync()"
         return finding("P09", f"on rank {rank}, {synced} backward passes all-reduced the "
                               f"gradients for {len(with_ddp)} optimizer steps (up to "
-                              f"{per_step} per step); {held}", extra[0]["where"])
+                              f"{per_step} per step); {held}",
+                       extra[0].get("forward_at") or extra[0]["where"])
     return None
 
 

@@ -35,6 +35,7 @@ class _Tracker:
         self.pending: bool | None = None  # the last forward's sync flag, None: no forward
         self.synced = self.local = self.all_used = self.no_sync = 0
         self.unused_noted = False
+        self.forward_at = ""  # the learner's line of the first synced forward since the step
 
     def settle(self) -> None:
         """Count the backward (if any) that followed the last forward."""
@@ -74,9 +75,11 @@ def progress() -> tuple[int, int]:
 
 def take_counts() -> dict[str, int]:
     """Backwards since the last call, over every DDP model: all-reduced ('synced'), inside
-    no_sync() ('local'), synced with every parameter used ('all_used'), and how often
-    no_sync() was entered ('no_sync'); then reset."""
-    total = {"synced": 0, "local": 0, "all_used": 0, "no_sync": 0}
+    no_sync() ('local'), synced with every parameter used ('all_used'), how often
+    no_sync() was entered ('no_sync') and the line of the first synced forward
+    ('forward_at'); then reset."""
+    total: dict[str, Any] = {"synced": 0, "local": 0, "all_used": 0, "no_sync": 0}
+    at = ""
     for ref in list(_live):
         ddp = ref()
         tracker = getattr(ddp, "_xray", None)
@@ -85,7 +88,11 @@ def take_counts() -> dict[str, int]:
         tracker.settle()
         for key in total:
             total[key] += getattr(tracker, key)
+        at = at or tracker.forward_at
         tracker.synced = tracker.local = tracker.all_used = tracker.no_sync = 0
+        tracker.forward_at = ""
+    if at:
+        total["forward_at"] = at
     return total
 
 
@@ -143,6 +150,8 @@ def _ddp_forward(real: Any) -> Any:
             if torch.is_grad_enabled():
                 tracker.pending = bool(self.require_backward_grad_sync)
                 _progress["forwards"] += tracker.pending
+                if tracker.pending and not tracker.forward_at:
+                    tracker.forward_at = record.where(2)
         return real(self, *args, **kwargs)
     return forward
 
