@@ -1,4 +1,5 @@
 # expect: P08
+# xray: --nproc-per-node 3
 """Data parallel by hand: gradients averaged with all_reduce, but each rank seeds its own
 RNG before building the model, so the replicas start (and stay) different."""
 import os
