@@ -30,7 +30,7 @@ def detect(obs: Observation) -> list[Finding]:
                         if r not in in_forward and (c is None or c.op != calls[in_forward[0]].op
                                                     or c.where != calls[in_forward[0]].where)
                         ] if in_forward else []
-    if in_forward and others_elsewhere:
+    if in_forward and others_elsewhere and _evaluating(obs, in_forward[0]):
         return [finding("X3", report.summary, _where(obs, calls[in_forward[0]].where))]
     stuck = [t for t in report.traces if t.dumped and not t.at(seq)
              and t.ended == "still running" and not t.inside]
@@ -39,6 +39,13 @@ def detect(obs: Observation) -> list[Finding]:
     # proven to be a different path to a collective: its stack says more.
     certainty = "suspected" if absent and len(stuck) == len(absent) else "confirmed"
     return [finding("S1", report.summary, _where(obs, _branch(report)), certainty)]
+
+
+def _evaluating(obs: Observation, rank: int) -> bool:
+    """Whether the rank's last DDP buffer broadcast came from an evaluation forward (no_grad
+    or eval mode); True when its events did not come back (the desync alone says X3)."""
+    syncs = [e for r, e in obs.of("ddp_buffer_sync") if r == rank]
+    return not syncs or not (syncs[-1]["grad"] and syncs[-1]["training"])
 
 
 def _branch(report: DesyncReport) -> str:

@@ -1,8 +1,10 @@
 """Probe: the collectives the learner's code calls itself (dist.all_reduce and friends).
 
 DDP's own all-reduces run in its C++ reducer and are not seen here (the ddp probe and the
-flight recorder see those). A collective that calls another (all_gather_object calls
-all_gather) is recorded once, as the learner called it.
+flight recorder see those); its buffer broadcast before a forward is noted, with whether
+that forward was an evaluation (the desync detector tells X3 from S1 by it). A collective
+that calls another (all_gather_object calls all_gather) is recorded once, as the learner
+called it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.xray import record
 
@@ -27,7 +30,9 @@ _inside = threading.local()
 
 
 def install() -> None:
-    """Wrap each collective in torch.distributed and in c10d, where torch's own code calls it."""
+    """Wrap each collective in torch.distributed and in c10d, where torch's own code calls
+    it, and note DDP's buffer broadcasts (with the grad mode of the forward that made it)."""
+    DDP._sync_buffers = _buffer_sync(DDP._sync_buffers)
     for name in OPS:
         real = getattr(c10d, name, None)
         if real is None:
@@ -36,6 +41,16 @@ def install() -> None:
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is real:
             setattr(dist, name, wrapped)
+
+
+def _buffer_sync(real: Any) -> Any:
+    @functools.wraps(real)
+    def sync_buffers(self: DDP) -> Any:
+        with record.guard():  # no stack walk: once per forward, and the forward is torch's
+            record.note("ddp_buffer_sync", "", grad=torch.is_grad_enabled(),
+                        training=bool(self.training))
+        return real(self)
+    return sync_buffers
 
 
 def _wrap(name: str, real: Any) -> Any:
