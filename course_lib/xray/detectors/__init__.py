@@ -46,8 +46,9 @@ def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Rep
     ids = {f.id for f in findings}
     hidden = set().union(*(EXPLAINS.get(i, set()) for i in ids))
     findings = sorted((f for f in findings if f.id not in hidden), key=lambda f: not f.confirmed)
+    findings = list({f.id: f for f in reversed(findings)}.values())[::-1]  # one per id
     unjudged = {line.split(":", 1)[0] for line in not_checked}
-    checked = [f"{pid} {PITFALLS[pid].title}" for pid in checks
+    checked = [f"{pid} {PITFALLS[pid].title}" for pid in dict.fromkeys(checks)
                if pid not in unjudged and pid not in ids]
     return Report(findings=findings, checked=checked, not_checked=not_checked,
                   error=error_text, title=title)
