@@ -187,6 +187,10 @@ def test_p09_counts_synced_backwards_per_step() -> None:
     assert "16 backward passes" in findings[0].evidence and "4 optimizer steps" in \
         findings[0].evidence
     assert _ids(model, _obs(steps(1, 3), steps(1, 3))) == []
+    # a GAN's discriminator: its gradients were all-reduced in the generator's step too,
+    # but zero_grad() dropped them: one backward per step counts
+    gan = [_step(i, [[1.0, 1.0]], [[1.0, 1.0]], synced=2, accumulated=1) for i in (1, 2)]
+    assert _ids(model, _obs(gan, gan)) == []
 
 
 def test_p10_find_unused_without_unused_parameters_is_a_suspicion() -> None:

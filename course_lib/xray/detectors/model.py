@@ -117,15 +117,16 @@ def _p08_evidence(step: int, r0: int, r1: int, e0: dict[str, Any], e1: dict[str,
 
 
 def _p09(obs: Observation) -> Finding | None:
-    """More than one gradient all-reduce (a synced DDP backward) per optimizer step."""
+    """More than one gradient all-reduce (a synced DDP backward) accumulated into the
+    gradients of one optimizer step (counted since the step's zero_grad)."""
     for rank, steps in sorted(_steps(obs).items()):
         with_ddp = [e for e in steps if e.get("synced", 0) + e.get("local", 0) > 0]
-        extra = [e for e in with_ddp if e["synced"] > 1]
+        extra = [e for e in with_ddp if e.get("accumulated", e["synced"]) > 1]
         if not with_ddp or len(extra) * 2 < len(with_ddp):
             continue
         synced = sum(e["synced"] for e in with_ddp)
         local = sum(e["local"] for e in with_ddp)
-        per_step = max(e["synced"] for e in with_ddp)
+        per_step = max(e.get("accumulated", e["synced"]) for e in with_ddp)
         entered = sum(e.get("no_sync", 0) for e in with_ddp)
         if local:
             held = f"no_sync() held back only {local}"
@@ -136,7 +137,7 @@ def _p09(obs: Observation) -> Finding | None:
             held = "none ran inside no_sync()"
         return finding("P09", f"on rank {rank}, {synced} backward passes all-reduced the "
                               f"gradients for {len(with_ddp)} optimizer steps (up to "
-                              f"{per_step} per step); {held}",
+                              f"{per_step} accumulated per step); {held}",
                        extra[0].get("forward_at") or extra[0]["where"])
     return None
 

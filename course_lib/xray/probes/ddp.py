@@ -27,40 +27,54 @@ _progress = {"forwards": 0, "backwards": 0}  # synced ones over the run, every D
 
 
 class _Tracker:
-    """One DDP model's backward accounting since the last optimizer step."""
+    """One DDP model's backward accounting: since the last optimizer step of its parameters,
+    and since their last zero_grad() (the backwards whose gradients one step applies)."""
 
     def __init__(self, ddp: DDP) -> None:
-        self.names = [n for n, p in ddp.module.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.ids = {id(p) for _, p in named}
         self.seen: set[int] = set()  # parameters that got a gradient since the last forward
         self.pending: bool | None = None  # the last forward's sync flag, None: no forward
         self.synced = self.local = self.all_used = self.no_sync = 0
+        self.accumulated = 0  # synced backwards since the last zero_grad()
         self.unused_noted = False
         self.forward_at = ""  # the learner's line of the first synced forward since the step
 
-    def settle(self) -> None:
-        """Count the backward (if any) that followed the last forward."""
-        if self.pending is not None and self.seen:
-            if self.pending:
-                self.synced += 1
-                _progress["backwards"] += 1
-                if len(self.seen) == len(self.names):
-                    self.all_used += 1
-                elif not self.unused_noted:
-                    self.unused_noted = True
-                    unused = [n for i, n in enumerate(self.names) if i not in self.seen]
-                    record.note("ddp_unused", "", names=unused[:MAX_NAMES],
-                                count=len(unused), of=len(self.names))
-            else:
-                self.local += 1
+    def settle(self, keep_waiting: bool = False) -> None:
+        """Count the backward (if any) that followed the last forward; with keep_waiting, a
+        forward whose backward has not run yet stays pending."""
+        if self.pending is None or not self.seen:
+            if not keep_waiting:
+                self.pending, self.seen = None, set()
+            return
+        if self.pending:
+            self.synced += 1
+            self.accumulated += 1
+            _progress["backwards"] += 1
+            if len(self.seen) == len(self.names):
+                self.all_used += 1
+            elif not self.unused_noted:
+                self.unused_noted = True
+                unused = [n for i, n in enumerate(self.names) if i not in self.seen]
+                record.note("ddp_unused", "", names=unused[:MAX_NAMES],
+                            count=len(unused), of=len(self.names))
+        else:
+            self.local += 1
         self.pending, self.seen = None, set()
 
 
 def install() -> None:
-    """Patch DDP's constructor and forward, and plain BatchNorm's forward."""
+    """Patch DDP's constructor, forward and no_sync, plain BatchNorm's forward, and
+    zero_grad (optimizer and module), which starts a new accumulation."""
     DDP.__init__ = _ddp_init(DDP.__init__)
     DDP.forward = _ddp_forward(DDP.forward)
     DDP.no_sync = _no_sync(DDP.no_sync)
     _BatchNorm.forward = _bn_forward(_BatchNorm.forward)
+    torch.optim.Optimizer.zero_grad = _zero_grad(
+        torch.optim.Optimizer.zero_grad,
+        lambda opt: [p for group in opt.param_groups for p in group["params"]])
+    nn.Module.zero_grad = _zero_grad(nn.Module.zero_grad, lambda m: list(m.parameters()))
 
 
 def progress() -> tuple[int, int]:
@@ -73,27 +87,49 @@ def progress() -> tuple[int, int]:
     return _progress["forwards"], _progress["backwards"] + running
 
 
-def take_counts() -> dict[str, int]:
-    """Backwards since the last call, over every DDP model: all-reduced ('synced'), inside
-    no_sync() ('local'), synced with every parameter used ('all_used'), how often
-    no_sync() was entered ('no_sync') and the line of the first synced forward
-    ('forward_at'); then reset."""
-    total: dict[str, Any] = {"synced": 0, "local": 0, "all_used": 0, "no_sync": 0}
-    at = ""
+def _trackers(params: list[torch.Tensor]) -> list[_Tracker]:
+    """The trackers of the DDP models that own any of these parameters."""
+    ids = {id(p) for p in params}
+    found = []
     for ref in list(_live):
-        ddp = ref()
-        tracker = getattr(ddp, "_xray", None)
-        if tracker is None:
-            continue
-        tracker.settle()
-        for key in total:
+        tracker = getattr(ref(), "_xray", None)
+        if tracker is not None and not tracker.ids.isdisjoint(ids):
+            found.append(tracker)
+    return found
+
+
+def take_counts(params: list[torch.Tensor]) -> dict[str, Any]:
+    """For the DDP models owning these (an optimizer's) parameters, since the last call:
+    backwards all-reduced ('synced'), inside no_sync() ('local'), synced with every
+    parameter used ('all_used'), no_sync() entries ('no_sync'), the line of the first synced
+    forward ('forward_at'), and the synced backwards since zero_grad() ('accumulated')."""
+    total: dict[str, Any] = {"synced": 0, "local": 0, "all_used": 0, "no_sync": 0,
+                             "accumulated": 0}
+    at = ""
+    for tracker in _trackers(params):
+        tracker.settle(keep_waiting=True)
+        for key in ("synced", "local", "all_used", "no_sync"):
             total[key] += getattr(tracker, key)
+        total["accumulated"] = max(total["accumulated"], tracker.accumulated)
         at = at or tracker.forward_at
         tracker.synced = tracker.local = tracker.all_used = tracker.no_sync = 0
         tracker.forward_at = ""
     if at:
         total["forward_at"] = at
     return total
+
+
+def _zero_grad(real: Any, params_of: Any) -> Any:
+    @functools.wraps(real)
+    def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            for tracker in _trackers(params_of(self)) if _live else []:
+                tracker.settle(keep_waiting=True)
+                tracker.accumulated = 0
+        except Exception:  # noqa: BLE001 - the probe must never break the learner's step
+            pass
+        return real(self, *args, **kwargs)
+    return zero_grad
 
 
 def _ddp_init(real: Any) -> Any:

@@ -127,7 +127,7 @@ def _post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
         return
     step = getattr(optimizer, "_xray_steps", 0)
     pending = getattr(optimizer, "_xray_pending", {})
-    counts = ddp.take_counts()
+    counts = ddp.take_counts(_params(optimizer))
     if step > MAX_EVENTS:
         return
     event = {"step": step, "opt": _optimizer_key(optimizer), **counts, **pending}
@@ -138,7 +138,7 @@ def _post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
 
 def skipped_step(optimizer: torch.optim.Optimizer) -> None:
     """A GradScaler step that found inf/NaN and skipped optimizer.step()."""
-    counts = ddp.take_counts()
+    counts = ddp.take_counts(_params(optimizer))
     record.note("opt_step", record.where(2), step=getattr(optimizer, "_xray_steps", 0),
                 opt=_optimizer_key(optimizer), skipped=True, **counts)
 
