@@ -34,6 +34,8 @@ class _Tracker:
         named = [(n, p) for n, p in ddp.module.named_parameters() if p.requires_grad]
         self.names = [n for n, _ in named]
         self.ids = {id(p) for _, p in named}
+        self.params = [weakref.ref(p) for _, p in named]
+        self.probe: weakref.ref | None = None  # a small parameter that gets gradients
         self.seen: set[int] = set()  # parameters that got a gradient since the last forward
         self.pending: bool | None = None  # the last forward's sync flag, None: no forward
         self.synced = self.local = self.all_used = self.no_sync = 0
@@ -48,6 +50,9 @@ class _Tracker:
             if not keep_waiting:
                 self.pending, self.seen = None, set()
             return
+        if self.probe is None:
+            index = min(self.seen, key=lambda i: _numel(self.params[i]))
+            self.probe = self.params[index]
         if self.pending:
             self.synced += 1
             self.accumulated += 1
@@ -62,6 +67,20 @@ class _Tracker:
         else:
             self.local += 1
         self.pending, self.seen = None, set()
+
+
+    def restart_if_cleared(self) -> None:
+        """A new accumulation when the gradients were cleared without zero_grad()
+        (`p.grad = None`): the probe parameter has no gradient, or a zero one."""
+        probe = self.probe() if self.probe is not None else None
+        grad = probe.grad if probe is not None else None
+        if probe is not None and (grad is None or not bool(grad.any())):
+            self.accumulated = 0
+
+
+def _numel(ref: weakref.ref) -> int:
+    p = ref()
+    return p.numel() if p is not None else 1 << 62
 
 
 def install() -> None:
@@ -182,14 +201,23 @@ def _ddp_forward(real: Any) -> Any:
     def forward(self: DDP, *args: Any, **kwargs: Any) -> Any:
         tracker = getattr(self, "_xray", None)
         if tracker is not None:
-            tracker.settle()
-            if torch.is_grad_enabled():
-                tracker.pending = bool(self.require_backward_grad_sync)
-                _progress["forwards"] += tracker.pending
-                if tracker.pending and not tracker.forward_at:
-                    tracker.forward_at = record.where(2)
+            try:
+                _before_forward(self, tracker)
+            except Exception:  # noqa: BLE001 - the probe must never break the forward
+                pass
         return real(self, *args, **kwargs)
     return forward
+
+
+def _before_forward(ddp: DDP, tracker: _Tracker) -> None:
+    """Close the last forward's accounting; note whether this one's backward will sync."""
+    tracker.settle()
+    tracker.restart_if_cleared()
+    if torch.is_grad_enabled():
+        tracker.pending = bool(ddp.require_backward_grad_sync)
+        _progress["forwards"] += tracker.pending
+        if tracker.pending and not tracker.forward_at:
+            tracker.forward_at = record.where(3)
 
 
 def _no_sync(real: Any) -> Any:
