@@ -58,7 +58,8 @@ def _p05(obs: Observation) -> Finding | None:
     keys = [k for k in small if k[0] == rank]
     names = sorted({first[k]["layer"] or first[k]["cls"] for k in keys})
     cls = first[keys[0]]["cls"]
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    shown = ", ".join(repr(n) for n in names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else "")
     batch = max(small[k] for k in keys)
     return finding("P05", f"{cls} layer(s) {shown} normalised every training step with the "
                           f"statistics of at most {batch} samples on rank {rank} "
