@@ -246,14 +246,20 @@ def test_p15_resuming_at_start_is_not_a_race() -> None:
 def test_p12_prefixed_keys_into_a_plain_model() -> None:
     from course_lib.xray.detectors import checkpoint
     def loaded(wrapper: bool, prefixed: int, **outcome) -> dict:
-        return _ev("load_state_dict", module="Net", wrapper=wrapper, prefixed=prefixed,
-                   keys=4, strict=True, **outcome)
+        return _ev("load_state_dict", **{"module": "Net", "wrapper": wrapper,
+                                         "prefixed": prefixed, "keys": 4, "strict": True,
+                                         **outcome})
     plain = _obs([loaded(False, 4, error="RuntimeError: Error(s)\n\tUnexpected key(s) in "
                                             "state_dict: \"module.w\"")], [])
     findings = checkpoint.detect(plain)
     assert [f.id for f in findings] == ["P12"] and "Unexpected key(s)" in findings[0].evidence
     assert checkpoint.detect(_obs([loaded(True, 4, missing=0, unexpected=0)], [])) == []
     assert checkpoint.detect(_obs([loaded(False, 0, missing=0, unexpected=0)], [])) == []
+    # a model with its own submodule named 'module' loads its 'module.' keys cleanly
+    assert checkpoint.detect(_obs([loaded(False, 4, missing=0, unexpected=0)], [])) == []
+    lenient = checkpoint.detect(_obs([loaded(False, 4, strict=False, missing=4,
+                                             unexpected=4)], []))
+    assert [f.id for f in lenient] == ["P12"] and "4 of the model's keys" in lenient[0].evidence
 
 
 def test_s3_fp16_without_scaler_and_zero_gradients() -> None:

@@ -43,19 +43,17 @@ def _p12(obs: Observation) -> Finding | None:
             continue
         into_plain = not e["wrapper"] and e["prefixed"]
         into_ddp = e["wrapper"] and not e["prefixed"]
-        if not (into_plain or into_ddp):
-            continue
-        if into_ddp and not (e.get("error") or e.get("missing")):
-            continue
+        failed = e.get("error") or e.get("missing") or e.get("unexpected")
+        if not (into_plain or into_ddp) or not failed:
+            continue  # a model whose own keys start with 'module.' loads them cleanly
         what = (f"a state dict whose {e['prefixed']} of {e['keys']} keys start with "
                 f"'module.' into a plain {e['module']}" if into_plain else
                 "a state dict without 'module.' keys into the DDP wrapper")
         if e.get("error"):
             outcome = f": {_key_error(e['error'])}"
-        elif e.get("missing"):
-            outcome = f" with strict=False: {e['missing']} keys were left unloaded"
         else:
-            outcome = ""
+            outcome = (f" with strict=False: {e.get('missing', 0)} of the model's keys were "
+                       f"left unloaded")
         origin = next((s["where"] for _, s in obs.of("save") if s["prefixed"]), "")
         saved = f" (saved from the wrapper at {origin})" if origin and into_plain else ""
         return finding("P12", f"rank {rank} loaded {what}{outcome}{saved}", e["where"])
