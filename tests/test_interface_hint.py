@@ -31,3 +31,15 @@ def test_other_failures_get_no_interface_advice():
                        "[enforce fail at device.cc:84] ifa != nullptr. Unable to find "
                        "address for: ens5")
     assert "'ens5'" in advice([failure, gloo])
+
+
+@pytest.mark.parametrize("message", [
+    "[pair.cc:553] Connection closed by peer [127.0.0.1]:28037",
+    "[unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete",
+    "[pair.cc:598] Application timeout caused pair closure",
+])
+def test_a_peer_caused_failure_sorts_after_a_rank_s_own_error(message):
+    own = RankFailure(1, "exception", "", "ValueError", "bad batch at step 3")
+    caused = RankFailure(0, "exception", "", "RuntimeError", message)
+    assert caused.is_consequence and not own.is_consequence
+    assert [f.rank for f in sorted([caused, own], key=lambda f: f.blame)] == [1, 0]

@@ -12,12 +12,12 @@ from typing import Any
 
 # Errors that are a consequence of another rank failing, not a cause.
 _CONSEQUENCE = re.compile(
-    r"Connection (closed|reset) by peer|Broken pipe|Timed out waiting|"
+    r"Connection (closed|reset) by peer|Broken pipe|Timed out waiting|pair closure|"
     r"Socket Timeout|ProcessGroup.*(aborted|destroyed)|NCCL communicator was aborted",
     re.IGNORECASE,
 )
 # A collective's own failure (a peer gone, a timeout, gloo's size check).
-_COLLECTIVE = re.compile(_CONSEQUENCE.pattern + r"|gloo|pair closure|"
+_COLLECTIVE = re.compile(_CONSEQUENCE.pattern + r"|gloo|"
                          r"Detected mismatch between collectives", re.IGNORECASE)
 
 
