@@ -136,7 +136,7 @@ MAY_IMPORT = {
     "teach": {"protocol", "wrappers", "launching", "telemetry", "plots"},
     "checks": {"protocol", "wrappers", "launching", "telemetry", "teach", "xray"},
     "authoring": {"protocol"},
-    "peer": set(),
+    "peer": set(), "export": set(),
     "doctor": {"launching", "peer"},
     "xray": {"collectors", "launching", "authoring"},  # authoring: the pitfall registry
     "__main__": set(),
@@ -171,7 +171,7 @@ def test_the_cycle_finder_finds_a_circle():
 TORCH_FREE = ["course_lib", "course_lib.protocol", "course_lib.authoring.gate",
               "course_lib.authoring.coverage", "course_lib.authoring.exercises",
               "course_lib.authoring.stubs", "course_lib.doctor", "course_lib.checks",
-              "course_lib.peer"]
+              "course_lib.peer", "course_lib.export"]
 
 
 def imported(*args: str) -> set[str]:
