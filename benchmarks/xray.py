@@ -79,7 +79,8 @@ def run(command: list[str]) -> tuple[float, float]:
     proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - start
-    found = re.findall(r"TRAIN_SECONDS (\d+\.\d{4})", proc.stdout + proc.stderr)
+    # not after a quote: the x-ray's P16 evidence quotes the printed line ('TRAIN_SECONDS ...')
+    found = re.findall(r"(?<!')TRAIN_SECONDS (\d+\.\d{4})", proc.stdout + proc.stderr)
     train = [float(s) for s in found]
     if len(train) != 2:
         raise RuntimeError(f"{command} gave no timings:\n{proc.stdout}\n{proc.stderr}")
