@@ -116,12 +116,27 @@ def _p03(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
         passes = [group[r] for r in sorted(group)]
         if not all(_training(p) for p in passes):
             continue
-        evidence = _same_samples(passes)
+        twins, evidence = _twins(group)
         if evidence:
-            return [finding("P03", f"{_ranks(list(group))} {evidence} in {_epoch(passes[0])}"
+            return [finding("P03", f"{_ranks(twins)} {evidence} in {_epoch(passes[0])}"
                                    f"{_unused_sampler(obs)}", _line(passes[0]))]
         return []  # judged on the first training pass
     return []
+
+
+def _twins(group: dict[int, Pass]) -> tuple[list[int], str]:
+    """The first ranks that read the same data as another rank, and the evidence: all ranks
+    alike, or only some (a sampler told another world size: ranks 0 and 2 of 4 alike)."""
+    ranks = sorted(group)
+    for r in ranks:
+        twins = [s for s in ranks if s == r or _same_samples([group[r], group[s]])]
+        if len(twins) > 1:
+            evidence = _same_samples([group[s] for s in twins])
+            if not evidence:  # alike in pairs, not all together: name one pair
+                twins = twins[:2]
+                evidence = _same_samples([group[s] for s in twins])
+            return twins, evidence
+    return [], ""
 
 
 def _same_samples(passes: list[Pass]) -> str:
