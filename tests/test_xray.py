@@ -289,3 +289,20 @@ def test_a_failing_probe_never_breaks_the_run() -> None:
     assert [e["kind"] for e in events] == ["probe_error"]
     report = run_all(Observation(world_size=2, events={0: events, 1: []}))
     assert any("a probe failed on rank 0 (KeyError" in line for line in report.not_checked)
+
+
+def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):
+    import types
+
+    import IPython
+
+    from course_lib.xray import cell_name
+
+    names = {"/tmp/ipykernel_7/123.py": ("Cell", "In[4]")}
+    shell = types.SimpleNamespace(compile=types.SimpleNamespace(format_code_name=names.get))
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    assert cell_name("/tmp/ipykernel_7/123.py:5") == "Cell In[4], line 5"
+    assert cell_name("train.py:12") == "train.py:12"
+    assert cell_name("") == ""
+    monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # not in a kernel
+    assert cell_name("/tmp/ipykernel_7/123.py:5") == "/tmp/ipykernel_7/123.py:5"

@@ -7,6 +7,7 @@ has, with evidence from the run, where in the code, and the lesson to read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 import tempfile
@@ -51,7 +52,22 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
                 obs.events[rank] = events
     report = run_all(obs, error_text=tidy(str(error)) if error else "", title=title)
     report.run, report.failure = run, error
+    report.findings = [dataclasses.replace(f, where=cell_name(f.where))
+                       for f in report.findings]
     return report
+
+
+def cell_name(where: str) -> str:
+    """In a notebook, '/tmp/ipykernel_7/123.py:5' -> 'Cell In[4], line 5', as IPython's own
+    tracebacks name the cell; anything else unchanged."""
+    path, _, line = where.rpartition(":")
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return where
+    shell = get_ipython()
+    named = shell.compile.format_code_name(path) if shell is not None and path else None
+    return f"{named[0]} {named[1]}, line {line}" if named else where
 
 
 class _CallablePackage(types.ModuleType):
