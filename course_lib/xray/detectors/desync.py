@@ -43,9 +43,13 @@ def detect(obs: Observation) -> list[Finding]:
 
 def _evaluating(obs: Observation, rank: int) -> bool:
     """Whether the rank's last DDP buffer broadcast came from an evaluation forward (no_grad
-    or eval mode); True when its events did not come back (the desync alone says X3)."""
+    or eval mode); True when its events did not come back (the desync alone says X3), False
+    when it made no buffer broadcast (a model without buffers: DDP's forward collective
+    there is not the evaluation's)."""
+    if rank not in obs.events:
+        return True
     syncs = [e for r, e in obs.of("ddp_buffer_sync") if r == rank]
-    return not syncs or not (syncs[-1]["grad"] and syncs[-1]["training"])
+    return bool(syncs) and not (syncs[-1]["grad"] and syncs[-1]["training"])
 
 
 def _branch(report: DesyncReport) -> str:
