@@ -4,8 +4,7 @@ import subprocess
 import sys
 import time
 
-from course_lib import doctor
-from course_lib import peer
+from course_lib import doctor, peer
 from course_lib.teach.torchrun import free_ports
 
 
