@@ -40,4 +40,5 @@ def restart(tmp_path, mode):
 
 def test_a_prefix_per_attempt_makes_the_restart_work(tmp_path):
     job = restart(tmp_path, "prefix")
-    assert {"attempt 1 rank 0 done", "attempt 1 rank 1 done"} <= set(job.lines)
+    text = "\n".join(job.lines)  # torchrun may join two workers' lines into one
+    assert "attempt 1 rank 0 done" in text and "attempt 1 rank 1 done" in text, text[-3000:]
