@@ -117,6 +117,32 @@ def check_launch() -> list[Check]:
     ]
 
 
+_CELL = "def cell_fn():\n    raise ValueError('doctor: the learner line')\n"
+
+
+def check_tracebacks() -> Check:
+    """A rank's traceback must show a notebook cell's file and source line: the course
+    relies on it (some package versions lose them, as cloudpickle 3.1.3 alone did)."""
+    import linecache
+
+    from course_lib.launching import DistributedError, launch
+
+    filename = "/tmp/ipykernel_doctor/cell.py"
+    linecache.cache[filename] = (len(_CELL), None, _CELL.splitlines(True), filename)
+    namespace: dict = {"__name__": "__main__"}
+    exec(compile(_CELL, filename, "exec"), namespace)
+    try:
+        launch(namespace["cell_fn"], world_size=1, backend="gloo", timeout=30, echo=False)
+    except DistributedError as exc:
+        shown = exc.failures[0].traceback
+        if filename in shown and "the learner line" in shown.split(filename)[-1]:
+            return Check("rank tracebacks", PASS, "show the cell's file and source line")
+        return Check("rank tracebacks", FAIL, "a rank's traceback lost the cell's file or "
+                     "source line: reinstall with the README's set-up command; shown:\n"
+                     + shown[-400:])
+    return Check("rank tracebacks", FAIL, "a function that raises on its rank did not fail")
+
+
 def check_peer(peer: str | None, listen_port: int | None, wait: float) -> Check:
     """--peer HOST:PORT or --listen PORT: the two ends of a multi-node reachability test."""
     from course_lib import peer as reach
@@ -134,7 +160,7 @@ def check_peer(peer: str | None, listen_port: int | None, wait: float) -> Check:
 def run_doctor(checks: list[Callable[[], Check | list[Check]]] | None = None) -> list[Check]:
     results: list[Check] = []
     for check in checks or (check_python, check_packages, check_cores, check_gpus,
-                            check_backends, check_loopback, check_launch):
+                            check_backends, check_loopback, check_launch, check_tracebacks):
         out = check()
         results.extend(out if isinstance(out, list) else [out])
     return results

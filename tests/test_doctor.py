@@ -14,7 +14,7 @@ def test_doctor_passes_here_and_shows_every_check():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     for name in ("Python", "torch", "jupyterlab", "CPU cores", "GPUs", "backends",
-                 "2-rank launch + all-reduce", "listening addresses"):
+                 "2-rank launch + all-reduce", "listening addresses", "rank tracebacks"):
         assert name in out.stdout
     assert "All checks passed" in out.stdout
 
@@ -25,6 +25,7 @@ def test_a_failing_check_makes_the_doctor_fail(monkeypatch, capsys):
 
     monkeypatch.setattr(doctor, "check_backends", broken_backends)
     monkeypatch.setattr(doctor, "check_launch", lambda: [])
+    monkeypatch.setattr(doctor, "check_tracebacks", lambda: [])
     assert doctor.main() == 1
     assert "FAILED: backends" in capsys.readouterr().out
 

@@ -195,3 +195,40 @@ def test_unpicklable_result_names_the_rank_and_what_to_return():
     first = info.value.failures[0]
     assert first.rank == 1 and "cannot be sent back" in first.message
     assert "state_dict" in first.message
+
+
+CELL_SOURCE = "def boom():\n    if dist.get_rank() == 1:\n        raise KeyError('from the cell')\n"
+
+
+def test_a_cell_functions_traceback_keeps_its_file_and_source_line():
+    """A function compiled as IPython compiles a cell keeps its file name and line through
+    the launch (cloudpickle 3.1.3 renames every file '<dynamic-code>')."""
+    import linecache
+
+    filename = "/tmp/ipykernel_0/course-test-cell.py"
+    linecache.cache[filename] = (len(CELL_SOURCE), None, CELL_SOURCE.splitlines(True), filename)
+    namespace = {"dist": dist}
+    exec(compile(CELL_SOURCE, filename, "exec"), namespace)
+    with pytest.raises(DistributedError) as info:
+        launch(namespace["boom"], 2, backend="gloo", echo=False)
+    traceback = info.value.failures[0].traceback
+    assert f'File "{filename}", line 3, in boom' in traceback
+    assert "raise KeyError('from the cell')" in traceback
+    assert "<dynamic-code>" not in traceback
+
+
+CUDNN_SOURCE = """
+def deterministic_cudnn():
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    return torch.backends.cudnn.deterministic
+"""
+
+
+def test_a_notebook_function_that_sets_cudnn_flags_launches():
+    """torch.backends.cudnn is an instance of a module subclass, which cloudpickle alone
+    cannot pickle ("cannot pickle 'CudnnModule'"); it goes by reference."""
+    namespace = {"torch": torch, "__name__": "__main__"}  # by value, as from a notebook
+    exec(CUDNN_SOURCE, namespace)
+    run = launch(namespace["deterministic_cudnn"], 2, backend="gloo", echo=False)
+    assert run.results == [True, True]

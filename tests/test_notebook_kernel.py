@@ -60,6 +60,10 @@ def test_error_in_a_cell_function_shows_its_source(executed):
     error = next(o for o in executed[5].outputs if o.output_type == "error")
     assert error["ename"] == "DistributedError"
     assert "rank 1" in error["evalue"] and "raise ValueError('oops from a cell')" in error["evalue"]
+    # The rank's frame is named as the kernel names the cell (cell 6 ran as In[6]), whatever
+    # cloudpickle does to file names (3.1.3 renames them all '<dynamic-code>').
+    assert "Cell In[6], line 3, in broken" in error["evalue"]
+    assert "<dynamic-code>" not in error["evalue"]
 
 
 def test_magic_explains_a_name_it_cannot_send(executed):

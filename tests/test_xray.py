@@ -296,7 +296,7 @@ def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):
 
     import IPython
 
-    from course_lib.xray import cell_name
+    from course_lib.launching.cells import cell_name, name_cells
 
     names = {"/tmp/ipykernel_7/123.py": ("Cell", "In[4]")}
     shell = types.SimpleNamespace(compile=types.SimpleNamespace(format_code_name=names.get))
@@ -304,5 +304,8 @@ def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):
     assert cell_name("/tmp/ipykernel_7/123.py:5") == "Cell In[4], line 5"
     assert cell_name("train.py:12") == "train.py:12"
     assert cell_name("") == ""
+    frame = 'File "/tmp/ipykernel_7/123.py", line 5, in boom'
+    assert name_cells(f'  {frame}\n  File "train.py", line 2, in f') == \
+        '  Cell In[4], line 5, in boom\n  File "train.py", line 2, in f'
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # not in a kernel
     assert cell_name("/tmp/ipykernel_7/123.py:5") == "/tmp/ipykernel_7/123.py:5"

@@ -32,6 +32,7 @@ from course_lib.checks.common import (
     run_check,
 )
 from course_lib.checks.result import CheckResult
+from course_lib.launching.payload import dumps
 from course_lib.teach.torchrun import TORCHRUN, TorchrunFailed, error_lines, run
 
 WORLD_SIZES = (2, 3)
@@ -121,7 +122,7 @@ def check_main(fn: Callable, timeout: float = CHECK_TIMEOUT,
         gaps = []
         with tempfile.TemporaryDirectory(prefix="check14-") as work:
             pickled = Path(work) / "main.pkl"
-            pickled.write_bytes(cloudpickle.dumps(fn))
+            pickled.write_bytes(dumps(fn))
             for n in WORLD_SIZES:
                 notebook = Path(work) / f"notebook-{n}"
                 notebook.mkdir()

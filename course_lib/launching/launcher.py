@@ -17,6 +17,7 @@ from typing import Any
 import cloudpickle
 
 from course_lib.launching import desync, flight, net
+from course_lib.launching.cells import name_cells
 from course_lib.launching.forkserver import (
     Worker,
     dump_stacks,
@@ -240,7 +241,7 @@ class _Launch:
     def _failure(self, w: Worker) -> RankFailure | None:
         tail = w.output[-OUTPUT_TAIL_LINES:]
         common = dict(rank=w.rank, output_tail=tail, time=w.event_time)
-        stack = annotate_stack(w.stack, LAUNCH_DIR) if w.stack else ""
+        stack = name_cells(annotate_stack(w.stack, LAUNCH_DIR)) if w.stack else ""
         if w.error is not None:
             kind, summary = "exception", f"{w.error['type']}: {w.error['message']}"
             if w.error["type"] == "SystemExit":
@@ -333,7 +334,7 @@ def _exit_failure(exitcode: int | None, common: dict) -> RankFailure:
 def _traceback_text(error: dict) -> str:
     if error.get("traceback"):
         try:
-            return "".join(cloudpickle.loads(error["traceback"]).format())
+            return name_cells("".join(cloudpickle.loads(error["traceback"]).format()))
         except Exception:  # noqa: BLE001 - the exception's class cannot load here
             pass
     return error.get("text") or f"{error['type']}: {error['message']}"

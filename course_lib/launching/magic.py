@@ -9,14 +9,13 @@ import types
 from itertools import count
 from typing import Any
 
-import cloudpickle
 import torch.distributed as dist
 from IPython.core.magic import Magics, cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from course_lib.launching.devices import rank_device
 from course_lib.launching.launcher import launch
-from course_lib.launching.payload import UnpicklableError
+from course_lib.launching.payload import UnpicklableError, dumps
 
 RANK_NAMES = ("rank", "world_size", "local_rank", "device")
 _IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
@@ -59,7 +58,7 @@ def capture_namespace(source: str, user_ns: dict[str, Any]) -> dict[str, Any]:
             continue
         value = user_ns[name]
         try:
-            cloudpickle.dumps(value)
+            dumps(value)
         except Exception as exc:  # noqa: BLE001 - any pickling failure gets the same advice
             raise UnpicklableError(
                 f"the cell uses {name!r} (a {type(value).__name__}), which cannot be sent to "

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import io
+import marshal
+import sys
+import types
 from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 
@@ -12,10 +18,39 @@ class UnpicklableError(TypeError):
     """Something the ranks need cannot be sent to them; raised before any worker starts."""
 
 
+def _code_by_marshal(code: types.CodeType) -> tuple:
+    """A code object exactly as compiled: its file name (a notebook cell's) and line table
+    kept, so a rank's traceback can show the learner's line. cloudpickle 3.1.3 renames
+    every file '<dynamic-code>'. The ranks run this same interpreter, so marshal fits."""
+    return marshal.loads, (marshal.dumps(code),)
+
+
+class CoursePickler(cloudpickle.Pickler):
+    """cloudpickle, plus: code keeps its file name, and a module object that Python keeps
+    in sys.modules (torch.backends.cudnn is an instance of a module subclass) goes by
+    reference, so a function may set torch.backends.cudnn.deterministic."""
+
+    dispatch_table = cloudpickle.Pickler.dispatch_table.new_child(
+        {types.CodeType: _code_by_marshal})
+
+    def reducer_override(self, obj: Any) -> Any:
+        if (isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType
+                and sys.modules.get(getattr(obj, "__name__", None)) is obj):
+            return importlib.import_module, (obj.__name__,)
+        return super().reducer_override(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    """cloudpickle.dumps through CoursePickler."""
+    with io.BytesIO() as buffer:
+        CoursePickler(buffer).dump(obj)
+        return buffer.getvalue()
+
+
 def pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
-    """cloudpickle (fn, args, kwargs): notebook functions, classes and globals go by value."""
+    """Pickle (fn, args, kwargs): notebook functions, classes and globals go by value."""
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        return dumps((fn, args, kwargs))
     except Exception as exc:  # noqa: BLE001 - any pickling failure gets explained
         culprit = find_culprit(fn, args, kwargs)
         raise UnpicklableError(
@@ -30,7 +65,7 @@ def find_culprit(fn: Callable, args: tuple, kwargs: dict) -> str:
     """Name the first argument, global or closure variable that fails to pickle."""
     for name, value in _candidates(fn, args, kwargs):
         try:
-            cloudpickle.dumps(value)
+            dumps(value)
         except Exception:  # noqa: BLE001 - any pickling failure: name what failed
             return f"{name} (a {type(value).__name__})"
     return f"the function {getattr(fn, '__name__', fn)!r}"

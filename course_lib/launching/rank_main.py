@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from course_lib.collectors import collect_all
 from course_lib.launching import flight, own_init
+from course_lib.launching.payload import dumps
 
 LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -107,7 +108,7 @@ def _send_result(messages: Connection, value: Any) -> int:
     one is never reported as the other."""
     extras = _extras_or_warning()
     try:
-        data = cloudpickle.dumps(value)
+        data = dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the same message
         err = TypeError(
             f"the function returned a {type(value).__name__} that cannot be sent back to "
@@ -124,11 +125,11 @@ def _extras_or_warning() -> bytes:
     """The registered collectors' data (telemetry), pickled. Their failure is not the
     learner's: one warning line on this rank's output, and the run goes on without it."""
     try:
-        return cloudpickle.dumps(collect_all())
+        return dumps(collect_all())
     except Exception as exc:  # noqa: BLE001 - any failure: warn, never lose the result
         print(f"course_lib warning: this rank's telemetry could not be sent back "
               f"({type(exc).__name__}: {exc}); run.telemetry leaves it out.", file=sys.stderr)
-        return cloudpickle.dumps({})
+        return dumps({})
 
 
 def _send_error(messages: Connection, exc: BaseException, extras: bytes | None = None) -> None:
@@ -139,7 +140,7 @@ def _send_error(messages: Connection, exc: BaseException, extras: bytes | None =
     )
     info = {"type": type(exc).__name__, "message": str(exc), "traceback": None}
     try:
-        info["traceback"] = cloudpickle.dumps(tbe)
+        info["traceback"] = dumps(tbe)
     except Exception:  # noqa: BLE001 - an odd exception class: fall back to text
         info["text"] = "".join(tbe.format())
     info["extras"] = extras if extras is not None else _extras_or_warning()

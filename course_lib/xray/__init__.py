@@ -30,6 +30,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     x-ray's probes installed, and return its Report. `report.run` holds the Run (or the
     failed launch's partial Run), `report.failure` the DistributedError or None."""
     from course_lib.launching import DistributedError, launch
+    from course_lib.launching.cells import cell_name
     from course_lib.xray.detectors import run_all
     from course_lib.xray.observation import Observation
     from course_lib.xray.tidy import tidy
@@ -55,19 +56,6 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     report.findings = [dataclasses.replace(f, where=cell_name(f.where))
                        for f in report.findings]
     return report
-
-
-def cell_name(where: str) -> str:
-    """In a notebook, '/tmp/ipykernel_7/123.py:5' -> 'Cell In[4], line 5', as IPython's own
-    tracebacks name the cell; anything else unchanged."""
-    path, _, line = where.rpartition(":")
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return where
-    shell = get_ipython()
-    named = shell.compile.format_code_name(path) if shell is not None and path else None
-    return f"{named[0]} {named[1]}, line {line}" if named else where
 
 
 class _CallablePackage(types.ModuleType):
