@@ -20,7 +20,7 @@ from torch.utils.data import dataloader as dl
 
 from course_lib.xray import record
 
-_state = {"samplers": 0, "current": None}
+_state: dict[str, Any] = {"samplers": 0, "current": None, "opening": None}
 _at_line: dict[str, int] = {}  # loaders made at each line, to match them across ranks
 
 
@@ -82,11 +82,22 @@ def _note_loader(loader: DataLoader, args: tuple, kwargs: dict) -> None:
 
 
 def _loader_iter(real: Any) -> Any:
+    """A pass begins before DataLoader makes (or, persistent, resets) its iterator: with
+    worker processes that already takes the first prefetch_factor * num_workers batches'
+    indices from the sampler, in this process (dataloader.py _reset -> _try_put_index)."""
     @functools.wraps(real)
     def iterate(self: DataLoader) -> Any:
-        it = real(self)
+        current = None
         with record.guard():
-            it._xray_pass = _new_pass(self)
+            current = _new_pass(self)
+        _state["opening"] = current
+        try:
+            it = real(self)
+        finally:
+            _state["opening"] = None
+        if current is not None:
+            with record.guard():
+                it._xray_pass = current
         return it
     return iterate
 
@@ -138,7 +149,7 @@ def _next_index(real: Any) -> Any:
     @functools.wraps(real)
     def next_index(self: Any) -> Any:
         index = real(self)
-        current = getattr(self, "_xray_pass", None)
+        current = _state["opening"] or getattr(self, "_xray_pass", None)
         if current is not None:
             with record.guard():
                 batch = index if isinstance(index, list) else [index]
