@@ -13,7 +13,20 @@ import psutil
 
 MARKER = "from multiprocessing.forkserver import main"
 SESSION_VAR = "COURSE_TEST_SESSION"
-os.environ.setdefault(SESSION_VAR, uuid.uuid4().hex)  # inherited by every process we start
+
+
+def _session_tag() -> str:
+    """This test process's tag, inherited by every process it starts. Under pytest-xdist
+    the workers inherit the controller's tag, so each adds its own name (gw0, gw1...):
+    a worker then counts only its own tests' ranks, never another worker's."""
+    tag = os.environ.get(SESSION_VAR) or uuid.uuid4().hex
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not tag.endswith(f"-{worker}"):
+        tag = f"{tag}-{worker}"
+    return tag
+
+
+os.environ[SESSION_VAR] = _session_tag()
 
 
 def forkserver_processes() -> set[int]:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from course_lib import launch
+from course_lib.launching.validate import choose_backend
 
 # one rank more than there are GPUs, so that NCCL is refused on any machine
 SHORT_OF_GPUS = torch.cuda.device_count() + 1
@@ -41,3 +42,39 @@ def test_bad_arguments_fail_fast_and_say_why(kwargs, error, fragment):
 def test_non_callable_is_refused():
     with pytest.raises(TypeError, match="needs a function"):
         launch("train", 2)
+
+
+def fake_gpus(monkeypatch, count):
+    """Make torch report `count` GPUs (0: no CUDA at all), as choose_backend reads them."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize("gpus, world_size, backend, says_why", [
+    (0, 1, "gloo", False),  # a CPU machine: gloo, and nothing to explain
+    (0, 4, "gloo", False),
+    (1, 1, "nccl", False),  # one GPU per rank: NCCL
+    (1, 2, "gloo", True),   # GPUs short: gloo, with one line saying why
+    (2, 4, "gloo", True),
+    (8, 4, "nccl", False),
+])
+def test_auto_backend_says_why_only_when_gpus_are_short(
+        monkeypatch, capsys, gpus, world_size, backend, says_why):
+    fake_gpus(monkeypatch, gpus)
+    assert choose_backend("auto", world_size) == backend
+    out = capsys.readouterr().out
+    if says_why:
+        assert out.count("\n") == 1, out
+        assert f"{world_size} ranks need {world_size} GPUs" in out
+        assert f"this machine has {gpus}" in out
+    else:
+        assert out == ""
+
+
+def test_explicit_backends_say_nothing(monkeypatch, capsys):
+    fake_gpus(monkeypatch, 1)
+    assert choose_backend("gloo", 2) == "gloo"
+    assert choose_backend("nccl", 1) == "nccl"
+    with pytest.raises(ValueError, match="needs one GPU per rank"):
+        choose_backend("nccl", 2)
+    assert capsys.readouterr().out == ""

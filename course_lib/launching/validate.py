@@ -69,12 +69,22 @@ def check_env(env: Any) -> dict[str, str]:
 
 
 def choose_backend(backend: Any, world_size: int) -> str:
-    """Resolve "auto": NCCL with one GPU per rank when there are enough GPUs, else gloo."""
+    """Resolve "auto": NCCL with one GPU per rank when there are enough GPUs, else gloo.
+
+    When "auto" falls back to gloo although the machine has GPUs (fewer than ranks), one
+    line says so, so that a learner on a 1-GPU machine knows why the ranks run on the CPU.
+    A machine without GPUs says nothing: gloo is the only choice there.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}.")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
+        if gpus >= world_size:
+            return "nccl"
+        if gpus:
+            print(f"backend='auto': gloo on the CPU, because {world_size} ranks need "
+                  f"{world_size} GPUs for NCCL and this machine has {gpus}.")
+        return "gloo"
     if backend == "nccl" and gpus < world_size:
         raise ValueError(
             f"backend='nccl' needs one GPU per rank: {world_size} ranks, {gpus} GPU(s) here. "
