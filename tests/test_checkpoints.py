@@ -3,6 +3,7 @@ whole training state round-tripped, and the fault injectors' memory limit."""
 
 import os
 import random
+import signal
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from course_lib.teach import checkpoints as ckpt
 from course_lib.teach.checkpoint_views import largest_difference, outcome
@@ -95,6 +97,106 @@ def test_restore_refuses_another_world_size():
 def test_resume_position():
     assert ckpt.resume_position(10, 6) == (1, 4)
     assert ckpt.resume_position(12, 6) == (2, 0)
+
+
+class Noisy(Dataset):
+    """Eight points with augmentation noise drawn in the DataLoader worker."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i)]) + torch.randn(1)
+
+
+def loader_from(state=None, persistent_workers=False):
+    """The lesson's loader: one worker, 4 batches an epoch, seeded by its generator."""
+    generator = torch.Generator().manual_seed(7)
+    if state is not None:
+        generator.set_state(state)
+    return DataLoader(Noisy(), batch_size=2, sampler=DistributedSampler(Noisy(), 1, 0, seed=0),
+                      num_workers=1, generator=generator, persistent_workers=persistent_workers)
+
+
+def batches(loader, step, save_at=None, stale=False):
+    """Lesson 11's loop from `step` to the end of epoch 2: the batches, and the generator
+    state a checkpoint after step `save_at` holds (`stale`: the epoch-start state always,
+    the recipe before the fix)."""
+    epoch, skip = ckpt.resume_position(step, len(loader))
+    seen, saved = [], None
+    while epoch < 3:
+        loader.sampler.set_epoch(epoch)
+        start = loader.generator.get_state()
+        for i, batch in enumerate(loader):
+            if i < skip:
+                continue
+            step += 1
+            seen.append(batch)
+            if step == save_at:
+                saved = start if stale else ckpt.loader_state_after(i, loader, start)
+        epoch, skip = epoch + 1, 0
+    return seen, saved
+
+
+@pytest.mark.parametrize("save_at", [4, 6, 8])  # 4 batches an epoch: 4 and 8 end an epoch
+def test_a_resume_draws_the_uninterrupted_runs_worker_noise(save_at):
+    full, state = batches(loader_from(), 0, save_at)
+    resumed, _ = batches(loader_from(state), save_at)
+    assert len(resumed) == len(full) - save_at
+    assert all(torch.equal(a, b) for a, b in zip(full[save_at:], resumed))
+
+
+def test_the_epoch_start_state_after_an_epochs_last_batch_repeats_its_noise():
+    """The recipe before the fix: off after an epoch boundary (so the test above can fail)."""
+    full, state = batches(loader_from(), 0, save_at=4, stale=True)
+    resumed, _ = batches(loader_from(state), 4)
+    assert not torch.equal(full[4], resumed[0])
+
+
+def test_persistent_workers_are_refused_with_what_to_do():
+    loader = loader_from(persistent_workers=True)
+    with pytest.raises(ValueError, match="persistent_workers=False"):
+        ckpt.loader_state_after(0, loader, loader.generator.get_state())
+
+
+STOPPING_JOB = """
+import signal, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+from course_lib.teach import checkpoints as ckpt
+class Slow(Dataset):
+    def __len__(self):
+        return 10**6
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return i
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+init = ckpt.ignore_sigterm if sys.argv[1] == "ignore" else None
+after = 0
+for n, _ in enumerate(DataLoader(Slow(), num_workers=1, worker_init_fn=init)):
+    if n == 5:
+        print("ready", flush=True)
+    after += bool(stop)
+    if after == 10:  # the last step and the save, with the workers still needed
+        print("stopped cleanly", flush=True)
+        break
+"""
+
+
+@pytest.mark.parametrize("workers", ["ignore", "default"])
+def test_sigterm_to_the_process_group_leaves_the_loader_running_when_workers_ignore_it(workers):
+    """torchrun's SIGTERM goes to the rank's process group (its DataLoader workers too)."""
+    job = subprocess.Popen([sys.executable, "-c", STOPPING_JOB, workers], text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    assert job.stdout.readline().strip() == "ready"
+    os.killpg(job.pid, signal.SIGTERM)
+    out, err = job.communicate(timeout=120)
+    if workers == "ignore":
+        assert (job.returncode, out.strip()) == (0, "stopped cleanly"), err
+    else:
+        assert job.returncode != 0 and "DataLoader worker" in err, (out, err)
 
 
 def test_outcomes_are_named():

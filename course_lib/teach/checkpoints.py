@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.data import DataLoader
 
 from course_lib.wrappers import unwrap
 
@@ -156,12 +158,14 @@ def every_rank_rng_state() -> list[dict[str, Any]]:
 def capture(step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
             scheduler: Any = None, scaler: Any = None,
             loader_state: torch.Tensor | None = None, **extra: Any) -> dict[str, Any]:
-    """Everything a resumed run needs to continue bitwise as if never stopped. A
-    collective: call it on every rank; rank 0 saves the result.
+    """Everything a resumed run needs to continue as if never stopped: bitwise at 2 ranks;
+    at 3 or more, a fresh DDP's first step sums the gradients in its initial bucket order,
+    so the weights differ in their last bits (about 1e-8). A collective: call it on every
+    rank; rank 0 saves the result.
 
     `step` is the number of optimizer steps done; the sampler's epoch and position follow
-    from it (`resume_position`). `loader_state` is the DataLoader generator's state taken
-    at the start of the current epoch, before iter(loader) (it seeds the epoch's workers).
+    from it (`resume_position`). `loader_state` is the DataLoader generator's state that
+    seeds the workers of the epoch the resume starts in: `loader_state_after` gives it.
     The model is saved unwrapped (no "module." prefix)."""
     state = {"step": step, "model": unwrap(model).state_dict(),
              "optimizer": optimizer.state_dict(), "rng": every_rank_rng_state()}
@@ -201,3 +205,39 @@ def restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Opti
 def resume_position(step: int, batches_per_epoch: int) -> tuple[int, int]:
     """(epoch, batches to skip in it) for a run that has done `step` optimizer steps."""
     return divmod(step, batches_per_epoch)
+
+
+def loader_state_after(batch_index: int, loader: DataLoader,
+                       epoch_start: torch.Tensor) -> torch.Tensor:
+    """The DataLoader generator state a checkpoint taken after batch `batch_index` (0-based)
+    of the current epoch must hold, for `resume_position`'s (epoch, skip).
+
+    Mid-epoch, the resume replays this epoch from its start (skipping the batches done), so
+    it needs `epoch_start`, the state taken before this epoch's iter(loader). After the
+    epoch's last batch the resume starts the *next* epoch, whose iter() draws its worker
+    seeds from the generator as it is now: saving `epoch_start` there would give the next
+    epoch the finished epoch's worker seeds again. Persistent workers are seeded once and
+    carry their random state from epoch to epoch, which no generator state brings back:
+    they are refused."""
+    if loader.persistent_workers:
+        raise ValueError("persistent_workers=True: the DataLoader's workers keep their random "
+                         "state across epochs, so a resume cannot recreate it from the "
+                         "generator; use persistent_workers=False for an exact resume (or a "
+                         "loader that saves its workers' state, such as torchdata's "
+                         "StatefulDataLoader)")
+    if loader.generator is None:
+        raise ValueError("the DataLoader has no generator: build it with "
+                         "generator=torch.Generator().manual_seed(...) so that its worker "
+                         "seeds can be saved and restored")
+    if batch_index + 1 == len(loader):
+        return loader.generator.get_state()
+    return epoch_start
+
+
+def ignore_sigterm(worker_id: int) -> None:
+    """A DataLoader `worker_init_fn` for a job that stops cleanly on SIGTERM. torchrun
+    sends SIGTERM to each rank's whole process group, DataLoader workers included; a worker
+    dies of it by default, and the rank's next batch then fails ("DataLoader worker ... is
+    killed by signal: Terminated") before the rank can save. Ignoring it in the workers
+    leaves the decision to the rank's own handler; the workers end with the rank."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,5 +1,5 @@
 """Real faults for lesson 11, injected from inside a launch: a rank SIGKILLed while a file is
-half written, SIGTERM sent to every rank as a cluster scheduler sends it, and a per-process
+half written, SIGTERM sent to every rank's process group as torchrun sends it, and a per-process
 memory limit under which a large allocation really fails."""
 
 from __future__ import annotations
@@ -47,11 +47,18 @@ def kill_when_half_written(folder: str | os.PathLike, pid: int, size: int,
 
 
 def terminate_after(pids: list[int], seconds: float) -> threading.Timer:
-    """In `seconds`, send SIGTERM to every process in `pids`, as a cluster scheduler does
-    before it preempts a job."""
+    """In `seconds`, send SIGTERM to every process in `pids` and to the processes of its
+    group, as torchrun's agent does before it stops a job (`os.killpg` on each worker it
+    started with `start_new_session=True`: torch/distributed/elastic/multiprocessing/
+    subprocess_handler/subprocess_handler.py), so DataLoader workers get it too. A process
+    that does not lead its own group gets the signal alone (never its launcher's group)."""
     def send() -> None:
         for pid in pids:
-            os.kill(pid, signal.SIGTERM)
+            try:
+                leads_group = os.getpgid(pid) == pid
+            except ProcessLookupError:
+                continue
+            (os.killpg if leads_group else os.kill)(pid, signal.SIGTERM)
 
     timer = threading.Timer(seconds, send)
     timer.daemon = True
