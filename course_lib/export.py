@@ -4,9 +4,11 @@ notebook becomes a script that torchrun runs, unchanged.
 The script holds the notebook's imports that the function needs, the function, and the
 other top-level definitions it uses (functions, classes, constants), found by reading the
 code, not by running it. Its `main()` reads RANK, LOCAL_RANK and WORLD_SIZE from the
-environment (torchrun sets them, with MASTER_ADDR and MASTER_PORT), joins the process group,
-calls the function with the command line's arguments (one per parameter, typed by the
-default value), and leaves the group. Never imports torch itself.
+environment (torchrun sets them, with MASTER_ADDR and MASTER_PORT), joins the process group
+(NCCL on cuda:LOCAL_RANK when the node has a GPU per process, else gloo on the CPU, said in
+one line), calls the function with the command line's arguments (one per parameter, typed by
+the default value), and leaves the group, also when the function raised. `@record` sends a
+worker's traceback to torchrun's error summary. Never imports torch itself.
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ def main_block(fn: ast.FunctionDef, origin: str) -> str:
 
 MAIN = '''
 
+@record  # a worker's exception reaches torchrun's error summary, with its traceback
 def main():
     """Run {name}() on this process's rank, as torchrun describes it in the environment."""
     parser = argparse.ArgumentParser(description="{name}() from {origin}, for torchrun")
@@ -123,18 +126,15 @@ def main():
         sys.exit("RANK is not set: start this script with torchrun, e.g. "
                  "torchrun --standalone --nproc-per-node 2 " + sys.argv[0])
     rank = int(os.environ["RANK"])  # this process among all of them, 0 .. WORLD_SIZE - 1
-    local_rank = int(os.environ["LOCAL_RANK"])  # this process among those of its node
     world_size = int(os.environ["WORLD_SIZE"])
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)  # one GPU per process
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    # MASTER_ADDR and MASTER_PORT (also set by torchrun) say where to meet the other ranks.
-    # torchrun keeps one store across restarts: a prefix per attempt keeps a restarted
-    # worker from reading the addresses of the workers that died (lesson 14).
-    store, _, _ = next(dist.rendezvous("env://", rank, world_size))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"attempt-{{attempt}}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+    backend = pick_backend(int(os.environ["LOCAL_RANK"]))
+    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" \\
+            and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0":
+        print("torchrun keeps one store across restarts, and a restarted worker may read "
+              "the dead workers' keys: start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+              " (lesson 14)", flush=True)
+    # MASTER_ADDR and MASTER_PORT (also set by torchrun) say where the store is.
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
         {name}({call})
     finally:
@@ -142,12 +142,26 @@ def main():
         dist.destroy_process_group()
 
 
+def pick_backend(local_rank):
+    """NCCL on cuda:LOCAL_RANK when this node has a GPU for each of its processes, else
+    gloo on the CPU (cuda:LOCAL_RANK would not exist), said in one line per node."""
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # processes on this node
+    gpus = torch.cuda.device_count()
+    if here <= gpus:
+        torch.cuda.set_device(local_rank)  # one GPU per process
+        return "nccl"
+    if local_rank == 0:
+        print(f"gloo on the CPU: {{gpus}} GPU(s) for {{here}} processes on this node", flush=True)
+    return "gloo"
+
+
 if __name__ == "__main__":
     main()
 '''
 
 NEEDED_BY_MAIN = ["import argparse", "import gc", "import os", "import sys", "import torch",
-                  "import torch.distributed as dist"]
+                  "import torch.distributed as dist",
+                  "from torch.distributed.elastic.multiprocessing.errors import record"]
 
 
 def export(notebook: str | Path, function: str) -> str:

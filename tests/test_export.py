@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from course_lib.export import ExportError, export, main
+from course_lib.teach.torchrun import TORCHRUN, TorchrunFailed, free_port, start, wait
 
 
 def notebook(tmp_path, *sources):
@@ -70,3 +71,50 @@ def test_the_command_line_writes_the_script_or_says_why_not(tmp_path, capsys):
     assert main([str(path), "--function", "nope", "-o", str(tmp_path / "u.py")]) == 2
     assert "export: no function 'nope'" in capsys.readouterr().err
     assert not (tmp_path / "u.py").exists()
+
+
+GROUP_CELLS = (
+    "import os\nimport torch\nimport torch.distributed as dist",
+    "def train(out_dir, fail=False):\n"
+    "    if fail:\n        raise ValueError('train failed on purpose')\n"
+    "    t = torch.ones(1)\n    dist.all_reduce(t)\n"
+    "    open(os.path.join(out_dir, f'rank{dist.get_rank()}'), 'w').write(f'{t.item():g}')\n",
+)
+
+
+def test_nodes_that_restarted_a_different_number_of_times_still_meet(tmp_path):
+    """TORCHELASTIC_RESTART_COUNT is per node: a node restarted for a membership change keeps
+    its count (torch/distributed/elastic/agent/server/api.py: 'membership changes do not count
+    as retries'). The script must not build its store keys from it: here two ranks get counts
+    0 and 1, as two nodes did in the review's run, and must still form the group."""
+    script = tmp_path / "train.py"
+    script.write_text(export(notebook(tmp_path, *GROUP_CELLS), "train"))
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    nodes = [start([sys.executable, str(script), str(tmp_path)], f"node {r}",
+                   {**base, "RANK": str(r), "GROUP_RANK": str(r),
+                    "TORCHELASTIC_RESTART_COUNT": str(r)}) for r in (0, 1)]
+    wait(*nodes, timeout=90, echo=False)  # before the fix: still running after 90 s
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["2", "2"]
+    assert "gloo on the CPU: 0 GPU(s) for 1 processes on this node" in nodes[0].output
+
+
+def test_a_worker_error_reaches_torchruns_summary_with_its_traceback(tmp_path):
+    """main() is decorated with @record: torchrun's summary quotes the worker's error
+    instead of 'error_file: <N/A>' and a link to the docs."""
+    script = tmp_path / "train.py"
+    script.write_text(export(notebook(tmp_path, *GROUP_CELLS), "train"))
+    job = start(f"{TORCHRUN} --standalone --nproc-per-node 1 {script} {tmp_path} --fail",
+                env={"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"})
+    with pytest.raises(TorchrunFailed, match="exit code 1"):
+        wait(job, timeout=90, echo=False)
+    summary = job.output.split("Root Cause")[-1]
+    assert "ValueError: train failed on purpose" in summary, job.output[-3000:]
+    assert "To enable traceback" not in summary and "error_file: <N/A>" not in summary
+
+
+def test_the_script_chooses_gloo_when_the_node_has_fewer_gpus_than_processes(tmp_path):
+    text = export(notebook(tmp_path, *GROUP_CELLS), "train")
+    assert "if here <= gpus:" in text and "torch.cuda.set_device(local_rank)" in text
+    assert "TORCHELASTIC_RESTART_COUNT" not in text.split("def main")[1]
