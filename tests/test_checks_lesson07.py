@@ -41,6 +41,15 @@ def step_weighted_means(model, optimizer, micro_batches):
     optimizer.zero_grad()
 
 
+def step_zeroing_first(model, optimizer, micro_batches):
+    """Correct: zero_grad() at the start of the step, as PyTorch's examples write it."""
+    optimizer.zero_grad()
+    step_first_then_last(model, optimizer, micro_batches)
+    for x, y in micro_batches[:1]:  # leave a gradient behind: the next step zeroes it first
+        with model.no_sync():
+            nn.functional.mse_loss(model(x), y).backward()
+
+
 def _step(model, optimizer, micro_batches, *, sync="last", divide="samples", zero_in_loop=False,
           forward_outside=False, steps="once"):
     """A step of accumulation with one mistake chosen by keyword."""
@@ -119,7 +128,8 @@ def manual_all_reduce(model, optimizer, micro_batches):
     optimizer.zero_grad()
 
 
-@pytest.mark.parametrize("fn", ["solution", step_first_then_last, step_weighted_means])
+@pytest.mark.parametrize("fn", ["solution", step_first_then_last, step_weighted_means,
+                                step_zeroing_first])
 def test_train_step_accepts(fn, capsys):
     fn = solution("train_step") if fn == "solution" else fn
     accepts(check_train_step, fn, capsys)
@@ -141,7 +151,7 @@ def test_train_step_accepts(fn, capsys):
     (zero_in_loop, "is the gradient of the last micro-batch only: zero_grad() inside the "
                    "micro-batch loop"),
     (step_every_micro_batch, "train_step() called optimizer.step() 3 times"),
-    (never_zeroed, "p.grad still held a gradient after train_step() returned"),
+    (never_zeroed, "p.grad still held the previous step's gradient when this step began"),
     (manual_all_reduce, "you called 4 collective(s) yourself"),
 ])
 def test_train_step_rejects(fn, hint, capsys):

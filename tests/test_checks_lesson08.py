@@ -1,6 +1,8 @@
 """Lesson 08's check accepts the worked solution and a differently written correct answer,
 and rejects plausible wrong predictions, each with the hint that names the mistake."""
 
+import math
+
 import pytest
 from checking import check_helpers
 
@@ -55,6 +57,32 @@ def no_compute(compute_s, n_params, world_size, link):
     return _latency(world_size, link) + ring * 32 * n_params / (link.gbit_per_s * 1e9)
 
 
+def reduce_scatter_bytes(compute_s, n_params, world_size, link):
+    """2(N-1) latencies but (N-1)/N of the bytes: passed the stopwatch check 5 of 12 times."""
+    half = (world_size - 1) / world_size
+    return compute_s + _latency(world_size, link) + half * 32 * n_params / (link.gbit_per_s * 1e9)
+
+
+def half_ring(compute_s, n_params, world_size, link):
+    half = (world_size - 1) / world_size
+    return compute_s + _latency(world_size, link) / 2 + half * 32 * n_params / (
+        link.gbit_per_s * 1e9)
+
+
+def overlapped(compute_s, n_params, world_size, link):
+    return max(compute_s, no_compute(compute_s, n_params, world_size, link))
+
+
+def tree(compute_s, n_params, world_size, link):
+    messages = 2 * math.log2(world_size)
+    return compute_s + messages * link.latency_ms / 1e3 + 2 * 32 * n_params / (
+        link.gbit_per_s * 1e9)
+
+
+def two_ranks_always(compute_s, n_params, world_size, link):
+    return with_link_seconds(compute_s, n_params, 2, link)
+
+
 def in_milliseconds(compute_s, n_params, world_size, link):
     return 1e3 * with_link_seconds(compute_s, n_params, world_size, link)
 
@@ -68,11 +96,16 @@ def test_predict_step_time_accepts(fn, capsys):
 @pytest.mark.parametrize(("fn", "hint"), [
     (latency_once, "you counted the latency once"),
     (no_ring, "you left out the ring factor"),
-    (times_n, "you multiplied by N"),
+    (times_n, "you multiplied the bytes by N"),
     (no_latency, "you left out the link's latency"),
     (bytes_as_bits, "you counted bits as bytes"),
     (no_compute, "you left out the compute time"),
     (in_milliseconds, "check the units"),
+    (reduce_scatter_bytes, "your bytes term is half the ring's"),
+    (half_ring, "you counted half the ring"),
+    (overlapped, "you took the larger of compute and communication"),
+    (tree, "you used a tree's cost"),
+    (two_ranks_always, "your answer is the 2-rank time at every world size"),
 ])
 def test_predict_step_time_rejects(fn, hint, capsys):
     rejects(check_predict_step_time, fn, hint, capsys)

@@ -35,9 +35,15 @@ def amp_step_exit_stack(model, optimizer, scaler, micro_batches, max_norm):
     optimizer.zero_grad(set_to_none=False)
 
 
+def amp_step_zeroing_first(model, optimizer, scaler, micro_batches, max_norm):
+    """Correct: zero_grad() at the top of the step, as PyTorch's AMP examples write it."""
+    optimizer.zero_grad()
+    _step(model, optimizer, scaler, micro_batches, max_norm, zero=False)
+
+
 def _step(model, optimizer, scaler, micro_batches, max_norm, *, scaled=True, use_scaled=True,
           divide=True, sync_last_only=True, unscale="before clip", clip=True,
-          update="once", step="once"):
+          update="once", step="once", autocast=torch.float16, zero=True):
     """An AMP accumulation step with one mistake chosen by keyword."""
     k = len(micro_batches)
     for i, (x, y) in enumerate(micro_batches):
@@ -45,7 +51,8 @@ def _step(model, optimizer, scaler, micro_batches, max_norm, *, scaled=True, use
         with ExitStack() as stack:
             if sync_last_only and not last:
                 stack.enter_context(model.no_sync())
-            with torch.autocast("cpu", dtype=torch.float16):
+            with torch.autocast("cpu", dtype=autocast or torch.float16,
+                                enabled=autocast is not None):
                 loss = model(x, y) / (k if divide else 1)
             if not scaled:
                 loss.backward()
@@ -68,11 +75,24 @@ def _step(model, optimizer, scaler, micro_batches, max_norm, *, scaled=True, use
         scaler.step(optimizer) if scaled else optimizer.step()
     if update == "once" and scaled:
         scaler.update()
-    optimizer.zero_grad()
+    if zero:
+        optimizer.zero_grad()
 
 
 def no_scaler(*args):
     _step(*args, scaled=False, unscale="never")
+
+
+def no_autocast(*args):
+    _step(*args, autocast=None)
+
+
+def bf16_autocast(*args):
+    _step(*args, autocast=torch.bfloat16)
+
+
+def never_zeroed(*args):
+    _step(*args, zero=False)
 
 
 def scaled_loss_unused(*args):
@@ -119,7 +139,7 @@ def summed_loss(model, optimizer, scaler, micro_batches, max_norm):
     optimizer.zero_grad()
 
 
-@pytest.mark.parametrize("fn", ["solution", amp_step_exit_stack])
+@pytest.mark.parametrize("fn", ["solution", amp_step_exit_stack, amp_step_zeroing_first])
 def test_amp_step_accepts(fn, capsys):
     fn = solution("amp_step") if fn == "solution" else fn
     accepts(check_amp_step, fn, capsys)
@@ -140,6 +160,11 @@ def test_amp_step_accepts(fn, capsys):
     (no_clip, "on 3 ranks, rank 0, step 0: the gradient's norm"),
     (without_no_sync, "DDP made 3 all-reduces in one optimizer step of 3 micro-batches"),
     (summed_loss, "scaler.scale() ran 1 times for 3 micro-batches"),
+    (no_autocast, "the model's forwards computed in torch.float32, not only torch.float16: "
+                  "run each micro-batch's forward under torch.autocast"),
+    (bf16_autocast, "computes in bfloat16, CPU autocast's default; pass dtype=torch.float16"),
+    (never_zeroed, "step 1: p.grad still held the previous step's gradient when this step's "
+                   "first backward ran"),
 ])
 def test_amp_step_rejects(fn, hint, capsys):
     rejects(check_amp_step, fn, hint, capsys)

@@ -187,16 +187,20 @@ def _judge(results: list[dict[str, Any]], n: int, sizes: tuple[int, ...],
     for rank, result in enumerate(results):
         first = result["steps"][0]
         _judge_calls(first, where, k)
-        if first["left_grad"] != 0.0:
-            raise Rejected(f"{where}p.grad still held a gradient after train_step() "
-                           "returned: call optimizer.zero_grad() after optimizer.step(), or "
-                           "the next step adds this step's gradient to its own.")
         _judge_gradient(first["grads"][0], want, rank, where, k, sizes)
+        leftover = False  # p.grad held a gradient when this step began
         for step, record in enumerate(result["steps"]):
             wrong = differing(record["weights"], want["weights"][step])
+            if wrong and leftover:
+                raise Rejected(f"{where}rank {rank}'s weights after step {step} are wrong, and "
+                               "p.grad still held the previous step's gradient when this "
+                               "step began, so backward added the new one to it: call "
+                               "optimizer.zero_grad() once per step (after optimizer.step(), "
+                               "or at the start of the step).")
             if wrong:
                 raise Rejected(f"{where}rank {rank}'s {', '.join(wrong)} after step {step} "
                                "differ from one process's weights.")
+            leftover = record["left_grad"] != 0.0
 
 
 def _judge_calls(record: dict[str, Any], where: str, k: int) -> None:

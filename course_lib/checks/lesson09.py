@@ -1,6 +1,8 @@
 """Checks for lesson 09's exercise: one optimizer step of fp16 AMP with gradient accumulation
 under DDP, judged by its gradients (non-zero, equal to an fp32 reference up to fp16
-rounding) and by the order of its GradScaler calls, recorded by a spying scaler."""
+rounding), by the order of its GradScaler calls, recorded by a spying scaler, and by the
+dtype every forward computed in (fp32 gradients would pass the tolerance: the forward
+hook shows whether fp16 autocast really ran)."""
 
 from __future__ import annotations
 
@@ -111,19 +113,35 @@ def _train_on_rank(fn: Callable, max_norm: float) -> dict[str, Any]:
     scaler = SpyScaler()
     rec = Recorder()
     rec.watch_ddp(model, grads=False)  # one row per bucket all-reduce DDP makes
+    dtypes: list[str] = []  # the dtype each forward's output was computed in
+    model.module.net.register_forward_hook(lambda _m, _i, out: dtypes.append(str(out.dtype)))
+    stale = _watch_stale_grads(model)
     steps = []
     for step in range(STEPS):
-        before, calls = len(optimizer.seen), len(scaler.calls)
+        before, calls, forwards = len(optimizer.seen), len(scaler.calls), len(dtypes)
+        stale.clear()
         weights = state_snapshot(model.module)
         with rec.step(step):
             fn(model, optimizer, scaler, micro_batches(step, rank, world_size), max_norm)
         steps.append({"weights": weights, "grads": optimizer.seen[before:],
-                      "calls": scaler.calls[calls:],
-                      "left_grad": float(flat_grad(list(model.parameters())).abs().max())})
+                      "calls": scaler.calls[calls:], "dtypes": dtypes[forwards:],
+                      "stale": stale[:1] == [True]})
     comms = rec.telemetry().comms
     for step, record in enumerate(steps):
         record["allreduces"] = int((comms["step"] == step).sum())
     return {"steps": steps}
+
+
+def _watch_stale_grads(model: nn.Module) -> list[bool]:
+    """A list that gets, at each gradient arriving for a parameter, whether that parameter's
+    p.grad still held a non-zero gradient before it (the first entry of a step tells whether
+    the step began from zeroed gradients). Under GradScaler a leftover unscaled gradient is
+    1/scale of the next one, so the gradient test alone cannot see it."""
+    stale: list[bool] = []
+    for p in model.parameters():
+        p.register_hook(lambda grad, p=p: stale.append(
+            p.grad is not None and bool(p.grad.abs().max() > 0)))
+    return stale
 
 
 # -- the truth, computed in the kernel ----------------------------------------------------------
@@ -180,6 +198,7 @@ def _judge(results: list[dict[str, Any]], n: int, max_norm: float) -> None:
     for rank, result in enumerate(results):
         for step, record in enumerate(result["steps"]):
             _judge_calls(record["calls"], where)
+            _judge_autocast(record["dtypes"], where)
             stepped = len(record["grads"])
             if stepped != 1:
                 raise Rejected(f"{where}the optimizer stepped {stepped} times in one call: "
@@ -188,12 +207,27 @@ def _judge(results: list[dict[str, Any]], n: int, max_norm: float) -> None:
                 raise Rejected(f"{where}DDP made {record['allreduces']} all-reduces in one "
                                f"optimizer step of {K} micro-batches: run the first {K - 1} "
                                "(forward and backward) inside model.no_sync() (lesson 07).")
-            if record["left_grad"] != 0.0:
-                raise Rejected(f"{where}p.grad still held a gradient after the step: call "
-                               "optimizer.zero_grad() after scaler.update().")
             want = reference_grad(record["weights"], step, n, max_norm)
-            _judge_gradient(record["grads"][0], want, where + f"rank {rank}, step {step}: ",
-                            max_norm)
+            here = where + f"rank {rank}, step {step}: "
+            if record["stale"]:
+                raise Rejected(f"{here}p.grad still held the previous step's gradient when "
+                               "this step's first backward ran, so the new one was added to "
+                               "it: call optimizer.zero_grad() once per optimizer step (after "
+                               "scaler.update(), or at the start of the step).")
+            _judge_gradient(record["grads"][0], want, here, max_norm)
+
+
+def _judge_autocast(dtypes: list[str], where: str) -> None:
+    """Every forward of the step must have computed in fp16 (torch.autocast ran)."""
+    if len(set(dtypes)) != 1 or dtypes[0] != "torch.float16":
+        seen = listing(sorted(set(dtypes))) if dtypes else "no forward at all"
+        hint = ("torch.autocast('cpu') without a dtype computes in bfloat16, CPU autocast's "
+                "default; pass dtype=torch.float16" if "torch.bfloat16" in dtypes else
+                "run each micro-batch's forward under torch.autocast('cpu', "
+                "dtype=torch.float16)")
+        raise Rejected(f"{where}the model's forwards computed in {seen}, not only "
+                       f"torch.float16: {hint}. (fp32 gradients pass the gradient test; "
+                       "the exercise is fp16 AMP.)")
 
 
 def _judge_calls(calls: list[str], where: str) -> None:
