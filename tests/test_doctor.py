@@ -20,14 +20,20 @@ def test_doctor_passes_here_and_shows_every_check():
 
 
 def test_a_failing_check_makes_the_doctor_fail(monkeypatch, capsys):
+    """Only the backends check fails: every other check is stubbed to pass, so that what
+    this machine has (a GPU, a torch without jupyterlab, one core) cannot change the verdict
+    line (a second failure would read "FAILED: jupyterlab, backends")."""
     def broken_backends():
         return doctor.Check("backends", doctor.FAIL, "gloo missing")
 
+    for name in ("check_python", "check_cores", "check_gpus", "check_loopback"):
+        monkeypatch.setattr(doctor, name, lambda name=name: doctor.Check(name, doctor.PASS, ""))
+    monkeypatch.setattr(doctor, "check_packages", lambda: [])
     monkeypatch.setattr(doctor, "check_backends", broken_backends)
     monkeypatch.setattr(doctor, "check_launch", lambda: [])
     monkeypatch.setattr(doctor, "check_tracebacks", lambda: [])
     assert doctor.main() == 1
-    assert "FAILED: backends" in capsys.readouterr().out
+    assert "FAILED: backends\n" in capsys.readouterr().out + "\n"
 
 
 def test_unknown_command_prints_usage():

@@ -74,6 +74,8 @@ def _device_on_rank(fn: Callable, gpus: int) -> tuple[str, Any, list[int]]:
                           LOCAL_WORLD_SIZE=str(gpus))
     calls = _pretend_gpus(gpus)
     got = fn()
+    if isinstance(got, int):  # torch.device(1) is cuda:1 on a CUDA build, an error on a CPU
+        return "", got, calls  # build: a bare number is no answer on every machine
     try:
         return str(torch.device(got)), None, calls
     except (TypeError, RuntimeError):

@@ -60,12 +60,14 @@ def task_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 def train(model: nn.Module, forward: Callable, rank: int, world_size: int,
           progress: dict[str, Any] | None = None) -> None:
     """SGD over TASKS on this rank's share of every step's batch; `progress["step"]` says
-    which step is running (so a crash can be placed)."""
+    which step is running (so a crash can be placed). The batch goes where the model is: an
+    answer that moves the model to the machine's GPU (right on a GPU box) trains there."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    device = next(model.parameters()).device
     for step, task in enumerate(TASKS):
         if progress is not None:
             progress["step"] = step
-        x, y = task_batch(step)
+        x, y = (t.to(device) for t in task_batch(step))
         loss = nn.functional.cross_entropy(forward(x[rank::world_size], task),
                                            y[rank::world_size])
         loss.backward()
