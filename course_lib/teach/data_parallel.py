@@ -1,0 +1,191 @@
+"""Data parallelism three ways, side by side: by hand, bucketed, and PyTorch's DDP.
+
+    model = NaiveDataParallel(net)       # one all-reduce per parameter, after backward
+    model = BucketedDataParallel(net)    # hooks fill flat buckets; each all-reduce starts
+                                         # during backward, as soon as its bucket is full
+    model = ddp(net)                     # torch.nn.parallel.DistributedDataParallel
+    loss_fn(model(x), y).backward()
+    finish_gradient_sync(model)          # the first two wait here; DDP already has
+    opt.step()
+
+All three leave every rank with the same gradients: the mean over ranks of each rank's own
+gradients. The first two are written to be read from top to bottom (picotron keeps
+`DataParallelNaive` beside `DataParallelBucket` for the same reason); DDP does the same in
+C++ (torch/csrc/distributed/c10d/reducer.cpp), with more care: it re-orders buckets after
+the first step, copies gradients straight into its buckets as views, and finds unused
+parameters when asked. Lessons 01, 04 and 07 time and read them; benchmarks/data_parallel.py
+times them side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+# DDP's bucket size when bucket_cap_mb is left out (torch/nn/parallel/distributed.py:31,
+# _DEFAULT_BUCKET_CAP_MB). Passed explicitly, as ddp() below does, it applies to DDP's first
+# bucket too (left out, the first bucket is 1 MiB): the three then bucket alike.
+BUCKET_CAP_MB = 25.0
+
+
+def broadcast_from_rank0(module: nn.Module) -> None:
+    """Give every rank rank 0's parameters and buffers, as DDP's constructor does, so that
+    all ranks start from the same model whatever seed each one used."""
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
+
+
+def _trained(module: nn.Module) -> list[nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad]
+
+
+# -- 1. by hand ---------------------------------------------------------------------------
+
+
+class NaiveDataParallel(nn.Module):
+    """The simplest correct data parallelism: after backward, one all-reduce per parameter.
+
+    Each all-reduce waits for the one before and none starts until backward has finished,
+    so communication never overlaps computation, and a model with many small parameters
+    pays the per-call latency many times.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        broadcast_from_rank0(module)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_sync(self) -> None:
+        """Average every gradient over the ranks: sum with all_reduce, divide by the size."""
+        world_size = dist.get_world_size()
+        for p in _trained(self.module):
+            if p.grad is None:
+                raise RuntimeError(_no_grad_message(self.module, p))
+            dist.all_reduce(p.grad)  # SUM, in place
+            p.grad.div_(world_size)
+
+
+# -- 2. bucketed, overlapped with backward --------------------------------------------------
+
+
+class _Bucket:
+    """A few parameters whose gradients travel together in one flat tensor."""
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.flat = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype,
+                                device=params[0].device)
+        self.offsets: dict[nn.Parameter, int] = {}
+        offset = 0
+        for p in params:
+            self.offsets[p] = offset
+            offset += p.numel()
+        self.ready: set[nn.Parameter] = set()
+        self.work: dist.Work | None = None
+
+    def slot(self, p: nn.Parameter) -> torch.Tensor:
+        """The part of the flat tensor that holds p's gradient, shaped like p."""
+        start = self.offsets[p]
+        return self.flat[start:start + p.numel()].view_as(p)
+
+
+def make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[_Bucket]:
+    """Group parameters into buckets of at most `cap_bytes` (a larger parameter gets one of
+    its own), in reverse order of definition: backward produces the last layer's gradients
+    first, so the first bucket fills first. DDP starts from the same order."""
+    buckets, current, size = [], [], 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if current and (size + nbytes > cap_bytes or p.dtype != current[0].dtype):
+            buckets.append(_Bucket(current))
+            current, size = [], 0
+        current.append(p)
+        size += nbytes
+    if current:
+        buckets.append(_Bucket(current))
+    return buckets
+
+
+class BucketedDataParallel(nn.Module):
+    """Gradient hooks copy each gradient into its bucket the moment autograd has
+    accumulated it; a full bucket starts its all-reduce at once (async_op=True) and
+    backward goes on computing the earlier layers meanwhile. finish_gradient_sync() waits
+    for every bucket and copies the averaged gradients back into `param.grad`."""
+
+    def __init__(self, module: nn.Module, bucket_cap_mb: float = BUCKET_CAP_MB) -> None:
+        super().__init__()
+        self.module = module
+        broadcast_from_rank0(module)
+        cap_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
+        self.buckets = make_buckets(_trained(module), cap_bytes)
+        self._bucket_of = {p: b for b in self.buckets for p in b.params}
+        for p in self._bucket_of:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        """Runs inside backward, once p.grad holds this backward's gradient."""
+        bucket = self._bucket_of[p]
+        bucket.slot(p).copy_(p.grad)
+        bucket.ready.add(p)
+        if len(bucket.ready) == len(bucket.params):
+            bucket.work = dist.all_reduce(bucket.flat, async_op=True)
+
+    def launched(self) -> int:
+        """How many buckets have started their all-reduce since the last sync."""
+        return sum(b.work is not None for b in self.buckets)
+
+    def finish_gradient_sync(self) -> None:
+        """Wait for every bucket's all-reduce, then write the averages into param.grad."""
+        world_size = dist.get_world_size()
+        for bucket in self.buckets:
+            if bucket.work is None:
+                missing = next(p for p in bucket.params if p not in bucket.ready)
+                raise RuntimeError(_no_grad_message(self.module, missing))
+        for bucket in self.buckets:
+            bucket.work.wait()
+            bucket.flat.div_(world_size)
+            for p in bucket.params:
+                p.grad.copy_(bucket.slot(p))
+            bucket.ready.clear()
+            bucket.work = None
+
+
+def _no_grad_message(module: nn.Module, p: nn.Parameter) -> str:
+    name = next((n for n, q in module.named_parameters() if q is p), "a parameter")
+    return (f"{name} got no gradient in this backward: it did not take part in the loss. "
+            "Every rank must all-reduce the same tensors, so a parameter without a "
+            "gradient would leave the others waiting. Use it in forward, set "
+            "requires_grad=False on it, or use DDP with find_unused_parameters=True.")
+
+
+# -- 3. PyTorch's own ---------------------------------------------------------------------
+
+
+def ddp(module: nn.Module, bucket_cap_mb: float = BUCKET_CAP_MB) -> DistributedDataParallel:
+    """torch.nn.parallel.DistributedDataParallel with the same bucket size as above."""
+    return DistributedDataParallel(module, bucket_cap_mb=bucket_cap_mb)
+
+
+def finish_gradient_sync(model: nn.Module) -> None:
+    """Wait until every rank holds the averaged gradients. A no-op for DDP: its backward()
+    returns with the gradients averaged already (tests/test_data_parallel.py shows it)."""
+    if isinstance(model, (NaiveDataParallel, BucketedDataParallel)):
+        model.finish_gradient_sync()
+    elif not isinstance(model, DistributedDataParallel):
+        raise TypeError(f"finish_gradient_sync() needs one of this module's wrappers or "
+                        f"DistributedDataParallel, got {type(model).__name__}")
+
+
+# name -> how to wrap a model: what the benchmark and the lessons iterate over
+WRAPPERS = {"naive": NaiveDataParallel, "bucketed": BucketedDataParallel, "ddp": ddp}
