@@ -6,7 +6,11 @@ time that ran while backward was still computing, and the step time.
                                     #         "wait": s}}
     plot_breakdown({"label": run.telemetry, ...})
     overlap(run.telemetry)          # {rank: (s per step of all-reduce during backward, after)}
-    step_time(run.telemetry)        # median seconds per step, slowest rank
+    step_time(run.telemetry)        # mean seconds per step, slowest rank
+
+Steps are averaged (a mean, the wall clock over the steps), not a median: a job that stalls
+every few steps for its data is as slow as its mean, and a median hides the stalls. The
+breakdown's parts are means too, so parts and step use the same statistic.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ def collectives(comms: Any) -> dict[tuple[int, int], list[tuple[int, float, floa
 
 
 def step_times(tel: Any, skip: int = 2) -> dict[int, float]:
-    """Median seconds per step on each rank, leaving out the first `skip` steps (warm-up)."""
+    """Mean seconds per step on each rank, leaving out the first `skip` steps (warm-up):
+    throughput, stalls included."""
     out = {}
     for rank in tel.ranks:
         steps = tel.spans.where(rank=rank, name="step")
@@ -80,12 +85,12 @@ def step_times(tel: Any, skip: int = 2) -> dict[int, float]:
         if not keep.any():
             raise ValueError(f"rank {rank} recorded no step after the first {skip}: record "
                              "more steps with rec.step(step)")
-        out[rank] = float(np.median((steps["end"] - steps["start"])[keep]))
+        out[rank] = float(np.mean((steps["end"] - steps["start"])[keep]))
     return out
 
 
 def step_time(tel: Any, skip: int = 2) -> float:
-    """The job's step time: the slowest rank's median (the ranks wait for it)."""
+    """The job's step time: the slowest rank's mean (the ranks wait for it)."""
     return max(step_times(tel, skip).values())
 
 
@@ -122,20 +127,22 @@ def per_step(tel: Any, skip: int = 2) -> dict[int, dict[str, float]]:
 
 def plot_breakdown(runs: dict[str, Any], skip: int = 2):
     """For each run, per rank: milliseconds per step of compute, data loading, communication
-    and waiting for the other ranks, next to the step time (the slowest rank's median), over
-    the steps from `skip` (the first ones warm up)."""
+    and waiting for the other ranks, next to the step time (the slowest rank's mean), over
+    the steps from `skip` (the first ones warm up). Shares can add up to more than 100%:
+    communication runs while backward still computes."""
     from course_lib.plots.style import BLUE, HIGHLIGHT, ORANGE, YELLOW, new_figure
 
     styles = {"compute": (BLUE, ""), "data": (YELLOW, "xx"), "communication": (ORANGE, "//"),
               "wait": (HIGHLIGHT, "..")}
-    fig = new_figure(5.2 * len(runs), 0.9 + 0.9 * max(len(t.ranks) for t in runs.values()))
+    fig = new_figure(4.2 * len(runs), 1.3 + 1.0 * max(len(t.ranks) for t in runs.values()))
     axes = np.atleast_1d(fig.subplots(1, len(runs), sharex=True))
     for ax, (label, tel) in zip(axes, runs.items()):
         _breakdown_axes(ax, per_step(tel, skip), step_time(tel, skip) * 1e3, styles)
         ax.set_title(label, fontsize="medium")
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside right upper",
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=4,
                fontsize="small")
-    fig.suptitle("Where each rank's time goes, per step (communication can overlap compute)")
+    fig.suptitle("Where each rank's time goes, mean ms per step\n(shares can add up to more "
+                 "than 100%: communication overlaps backward)", fontsize="medium")
     return fig
 
 
@@ -151,28 +158,28 @@ def _breakdown_axes(ax: Any, ms: dict[int, dict[str, float]], step_ms: float,
             bar = ax.barh(y, ms[rank][name], height, color=color, hatch=hatch,
                           edgecolor=BLACK, linewidth=0.5, label=name if i == 0 else None)
             share = ms[rank][name] / step_ms
-            ax.bar_label(bar, [f"{ms[rank][name]:.0f} ms ({share:.0%})"], fontsize="x-small",
+            ax.bar_label(bar, [f"{ms[rank][name]:.0f} ms ({share:.0%})"], fontsize="small",
                          padding=2)
-    ax.axvline(step_ms, color=BLACK, ls="--", lw=1)
-    ax.text(step_ms, 0.55, f" step {step_ms:.0f} ms", fontsize="x-small")
+    ax.axvline(step_ms, color=BLACK, ls=":", lw=1)
+    ax.text(step_ms, 0.55, f" step {step_ms:.0f} ms", fontsize="small")
     ax.set_yticks([-i for i in range(len(ms))], [f"rank {r}" for r in ms])
     ax.set_ylim(-len(ms) + 0.45, 0.75)
-    ax.set_xlabel("milliseconds per step (share of the step time)")
-    ax.margins(x=0.35)
+    ax.set_xlabel("ms per step (share of the step)")
+    ax.margins(x=0.6)
 
 
 def plot_step_times(times: dict[str, float], title: str):
     """One bar per run: its step time in milliseconds, labelled with the ratio to the first."""
     from course_lib.plots.style import BLACK, BLUE, new_figure
 
-    fig = new_figure(8, 0.8 + 0.45 * len(times))
+    fig = new_figure(8, 1.0 + 0.45 * len(times))
     ax = fig.subplots()
     labels, seconds = list(times), np.array(list(times.values()))
     bars = ax.barh(-np.arange(len(labels)), seconds * 1e3, color=BLUE, edgecolor=BLACK)
     ax.bar_label(bars, [f"{s * 1e3:.0f} ms ({seconds[0] / s:.2f}x)" for s in seconds],
                  fontsize="small", padding=3)
     ax.set_yticks(-np.arange(len(labels)), labels)
-    ax.set_xlabel("median step time, slowest rank (ms); in brackets: speed-up over the first")
+    ax.set_xlabel("mean step time, slowest rank (ms); in brackets: speed-up over the first")
     ax.margins(x=0.25)
     ax.set_title(title, fontsize="medium")
     return fig
