@@ -172,9 +172,10 @@ class Slow(Dataset):
         return i
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-init = ckpt.ignore_sigterm if sys.argv[1] == "ignore" else None
+fixed = sys.argv[1] == "ignore"
 after = 0
-for n, _ in enumerate(DataLoader(Slow(), num_workers=1, worker_init_fn=init)):
+loader = DataLoader(Slow(), num_workers=1, worker_init_fn=ckpt.ignore_sigterm if fixed else None)
+for n, _ in enumerate(ckpt.iter_holding_sigterm(loader) if fixed else iter(loader)):
     if n == 5:
         print("ready", flush=True)
     after += bool(stop)
@@ -182,6 +183,26 @@ for n, _ in enumerate(DataLoader(Slow(), num_workers=1, worker_init_fn=init)):
         print("stopped cleanly", flush=True)
         break
 """
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_sigterm_while_a_worker_starts_is_held_back_until_it_ignores_it(hold):
+    """PyTorch installs its own SIGTERM handler in a new worker before worker_init_fn."""
+    code = ("import os, signal, sys\n"
+            "from torch.utils.data import DataLoader\n"
+            "from course_lib.teach import checkpoints as ckpt\n"
+            "def init(i):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)  # the signal lands before the init\n"
+            "    ckpt.ignore_sigterm(i)\n"
+            "loader = DataLoader(range(4), num_workers=1, worker_init_fn=init)\n"
+            "it = ckpt.iter_holding_sigterm(loader) if sys.argv[1] == 'hold' else iter(loader)\n"
+            "print(sum(int(b) for b in it))\n")
+    done = subprocess.run([sys.executable, "-c", code, "hold" if hold else "no"],
+                          capture_output=True, text=True, timeout=120)
+    if hold:
+        assert (done.returncode, done.stdout.strip()) == (0, "6"), done.stderr
+    else:
+        assert done.returncode != 0 and "DataLoader worker" in done.stderr
 
 
 @pytest.mark.parametrize("workers", ["ignore", "default"])

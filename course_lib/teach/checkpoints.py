@@ -15,6 +15,7 @@ import hashlib
 import os
 import random
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,22 @@ def loader_state_after(batch_index: int, loader: DataLoader,
 def ignore_sigterm(worker_id: int) -> None:
     """A DataLoader `worker_init_fn` for a job that stops cleanly on SIGTERM. torchrun
     sends SIGTERM to each rank's whole process group, DataLoader workers included; a worker
-    dies of it by default, and the rank's next batch then fails ("DataLoader worker ... is
-    killed by signal: Terminated") before the rank can save. Ignoring it in the workers
-    leaves the decision to the rank's own handler; the workers end with the rank."""
+    dies of it by default, and the rank's next batch then fails ("DataLoader worker ...
+    exited unexpectedly") before the rank can save. The worker ignores it, and lets go of
+    one held back by `iter_holding_sigterm`; the rank's own handler decides, and the
+    workers end with the rank."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def iter_holding_sigterm(loader: DataLoader) -> Iterator[Any]:
+    """iter(loader) with SIGTERM held back while it starts the workers. PyTorch gives each
+    new worker a SIGTERM handler of its own (print, then die) before `worker_init_fn` runs,
+    so a SIGTERM in that moment kills the worker whatever the init function does. Held
+    back, it stays pending: a worker inherits the blocked mask and drops it in
+    `ignore_sigterm`, and this rank's handler runs as soon as the workers have started."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
