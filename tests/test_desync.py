@@ -1,6 +1,8 @@
 """The desync report: each failed launch lines up the ranks' collectives (PyTorch's flight
 recorder) and names the first point where they differ, and which ranks were where."""
 
+import os
+import signal
 import time
 
 import pytest
@@ -183,3 +185,72 @@ def test_the_picture_refuses_an_error_without_a_report():
 
     with pytest.raises(ValueError, match="desync_report=False"):
         plot_desync(ValueError("not a launch error"))
+
+
+# -- dead ranks, gloo's mismatch, exceptions, call sites, NCCL (issue 29) ----------------------
+
+def _killed_after_one():
+    dist.all_reduce(torch.ones(2))
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(2))
+
+
+def test_a_killed_rank_is_never_counted_as_agreeing():
+    report = _fail(_killed_after_one, 2, pg_timeout=5).desync
+    assert report.missing == [1]
+    assert "no desync" not in report.summary and "agree" not in report.summary
+    assert "Rank(s) 1 left no flight-recorder dump" in report.summary
+    assert "not shown to be free of a desync" in report.summary
+
+
+def _sizes_differ():
+    dist.all_reduce(torch.ones(100 + dist.get_rank()))
+
+
+def test_gloo_s_own_mismatch_message_names_the_desync():
+    # 3 ranks: the rank that receives more bytes than it expects aborts (SIGABRT) with gloo's
+    # "Received data size doesn't match expected size" on stderr (measured: 64 vs 60 bytes)
+    err = _fail(_sizes_differ, 3, pg_timeout=5)
+    report = err.desync
+    assert report.mismatch, str(err)
+    assert report.summary.startswith("Desync: gloo's own check failed on rank(s)")
+    assert "no desync" not in report.summary
+
+
+def _raises_between():
+    dist.all_reduce(torch.ones(2))
+    if dist.get_rank() == 1:
+        raise ValueError("bad config")
+    dist.all_reduce(torch.ones(2))
+
+
+def test_a_rank_that_raised_outside_a_collective_leads_the_summary():
+    report = _fail(_raises_between, 2, pg_timeout=5).desync
+    assert report.summary.startswith("rank 1 raised ValueError outside any collective "
+                                     "(after its 1st collective): that exception is the cause")
+
+
+def _skips_a_backward():
+    torch.manual_seed(0)
+    model = DDP(nn.Linear(4, 1))
+    for step in range(3):
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        if not (dist.get_rank() == 1 and step == 1):
+            loss.backward()  # rank 1 skips its 2nd backward
+    dist.barrier()
+
+
+def test_a_skipped_ddp_backward_shows_in_the_counts_per_call_site():
+    report = _fail(_skips_a_backward, 2, timeout=10, pg_timeout=4).desync
+    assert report.first_difference is not None
+    assert "Counted per call site, the ranks differ: from _skips_a_backward, line" in (
+        report.summary)
+    assert "(backward): rank 0 issued 3, rank 1 issued 2" in report.summary
+
+
+def test_on_nccl_the_report_says_it_does_not_cover_it():
+    traces = [RankTrace(r, _calls("all_reduce 3"), "still running") for r in range(2)]
+    report = build(traces, backend="nccl")
+    assert report.summary.startswith("This report does not cover NCCL yet")
+    assert "no desync" not in report.summary

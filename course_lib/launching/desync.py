@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections import Counter
 from dataclasses import dataclass, field
+
+from course_lib.launching.report import GLOO_MISMATCH, leading_notes, raised_outside
 
 ROWS = 6  # collectives shown before the first difference, at most
 _TORCH = os.sep + "torch" + os.sep
@@ -46,6 +49,7 @@ class RankTrace:
     ended: str  # "returned", "raised RuntimeError", "still running", ...
     inside: bool = False  # it was blocked in its last collective when it ended
     dumped: bool = True  # False: no flight-recorder dump (killed by a signal)
+    text: str = ""  # its error message and last output lines (where gloo prints an abort)
 
     def at(self, seq: int) -> Call | None:
         return next((c for c in self.calls if c.seq == seq), None)
@@ -64,6 +68,7 @@ class DesyncReport:
     first_difference: int | None
     summary: str
     missing: list[int] = field(default_factory=list)  # ranks with no dump
+    mismatch: list[int] = field(default_factory=list)  # ranks where gloo saw a size mismatch
 
     def table(self) -> str:
         """The side-by-side text table, the first difference marked with >>."""
@@ -126,11 +131,31 @@ def _where(frames: list[dict]) -> str:
 
 # -- lining them up --------------------------------------------------------------------------
 
-def build(traces: list[RankTrace]) -> DesyncReport:
-    """Line up the ranks' collectives and find where they first differ."""
+def build(traces: list[RankTrace], backend: str = "gloo") -> DesyncReport:
+    """Line up the ranks' collectives and find where they first differ. The summary leads
+    with what outranks the comparison: NCCL (not covered), a rank's own exception, gloo's
+    mismatch check; a rank without a dump is never counted as agreeing."""
     diff = first_difference(traces)
     missing = [t.rank for t in traces if not t.dumped]
-    return DesyncReport(traces, diff, _summary(traces, diff, missing), missing)
+    mismatch = [t.rank for t in traces if GLOO_MISMATCH.search(t.text)]
+    first = leading_notes(traces, mismatch, backend)
+    parts = [*first, _summary(traces, diff, missing, bool(mismatch) or backend == "nccl"),
+             "" if raised_outside(traces) else _site_counts(traces)]
+    return DesyncReport(traces, diff, " ".join(p for p in parts if p), missing, mismatch)
+
+
+def _site_counts(traces: list[RankTrace]) -> str:
+    """Collectives counted per call site, where the ranks' counts differ: a skipped DDP
+    backward pairs its bucket all-reduces with the next step's, and shows only here."""
+    dumped = [t for t in traces if t.dumped]
+    counts = {t.rank: Counter(c.where for c in t.calls) for t in dumped}
+    sites = list(dict.fromkeys(c.where for t in dumped for c in t.calls))
+    differ = [w for w in sites if len({counts[r][w] for r in counts}) > 1][:2]
+    if len(dumped) < 2 or not differ:
+        return ""
+    said = "; ".join(f"from {w}: " + ", ".join(f"rank {r} issued {counts[r][w]}"
+                                              for r in sorted(counts)) for w in differ)
+    return f"Counted per call site, the ranks differ: {said}."
 
 
 def first_difference(traces: list[RankTrace], key=lambda c: (c.op, c.sizes)) -> int | None:
@@ -147,7 +172,10 @@ def first_difference(traces: list[RankTrace], key=lambda c: (c.op, c.sizes)) -> 
     return None
 
 
-def _summary(traces: list[RankTrace], diff: int | None, missing: list[int]) -> str:
+def _summary(traces: list[RankTrace], diff: int | None, missing: list[int],
+             unsure: bool = False) -> str:
+    """The comparison in one or two sentences. "No desync" only when every rank left a
+    dump and nothing else (gloo's mismatch check, NCCL) says otherwise."""
     gap = (f" Rank(s) {_ranks(missing)} left no flight-recorder dump (a rank killed by a "
            "signal takes its recorder with it): see its output and stack.") if missing else ""
     dumped = [t for t in traces if t.dumped]
@@ -158,6 +186,14 @@ def _summary(traces: list[RankTrace], diff: int | None, missing: list[int]) -> s
                     "rank (monitored_barrier's messages and the group that "
                     "TORCH_DISTRIBUTED_DEBUG=DETAIL wraps are not counted): see the errors "
                     f"and stacks below.{gap}")
+        if missing:
+            return (f"Rank(s) {_ranks(missing)} left no flight-recorder dump (a rank killed "
+                    "by a signal takes its recorder with it), so what they issued is unknown: "
+                    f"this is not shown to be free of a desync. Rank(s) "
+                    f"{_ranks([t.rank for t in dumped])} issued the same {n} collective(s) "
+                    "in the same order.")
+        if unsure:
+            return f"The recorded collectives agree (each rank issued the same {n})."
         return (f"The ranks' collectives agree (each issued the same {n} in the same order), "
                 f"so this is no desync; a rank stuck outside any collective shows in its "
                 f"stack.{gap}")

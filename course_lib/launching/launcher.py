@@ -270,9 +270,11 @@ class _Launch:
             dump = desync.load(w.spec.flight_path)
             calls = desync.calls_from(dump) if dump else []
             failure = by_rank.get(w.rank)
+            text = f"{failure.message}\n" + "\n".join(failure.output_tail) if failure else ""
             traces.append(desync.RankTrace(w.rank, calls, _ended(failure),
-                                           _inside(failure, calls), dumped=dump is not None))
-        return desync.build(traces)
+                                           _inside(failure, calls), dumped=dump is not None,
+                                           text=text))
+        return desync.build(traces, backend=self.specs[0].backend)
 
     def _headline(self, failures: list[RankFailure]) -> str:
         n = len(self.specs)
