@@ -10,11 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from course_lib.launching import DistributedError, Run, launch
-    from course_lib.launching.devices import rank_device
-    from course_lib.teach.observe import observe
-    from course_lib.xray import xray
+if TYPE_CHECKING:  # for editors and type checkers; `x as x` marks a re-export (PEP 484)
+    from course_lib.launching import DistributedError as DistributedError
+    from course_lib.launching import Run as Run
+    from course_lib.launching import launch as launch
+    from course_lib.launching.devices import rank_device as rank_device
+    from course_lib.teach.observe import observe as observe
+    from course_lib.xray import xray as xray
 
 # public name -> the module that defines it
 _HOMES = {
@@ -26,7 +28,7 @@ _HOMES = {
     "xray": "course_lib.xray",
 }
 
-__all__ = ["launch", "DistributedError", "Run", "observe", "rank_device", "xray"]  # = _HOMES
+__all__ = list(_HOMES)  # one list: a new public name goes into _HOMES only
 
 
 def __getattr__(name: str) -> Any:

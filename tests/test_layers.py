@@ -32,12 +32,13 @@ def _type_checking_only(node: ast.AST) -> bool:
         or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
 
 
-def _imports(tree: ast.AST, package: str) -> list[tuple[str, bool]]:
-    """(imported module, inside a function?) for each import run outside TYPE_CHECKING."""
+def _imports(tree: ast.AST, package: str, hints: bool = False) -> list[tuple[str, bool]]:
+    """(imported module, inside a function?) for each import run outside TYPE_CHECKING
+    (with `hints`, those inside it too)."""
     found = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
-        if _type_checking_only(node):
+        if _type_checking_only(node) and not hints:
             for child in node.orelse:
                 visit(child, in_function)
             return
@@ -59,13 +60,14 @@ def _imports(tree: ast.AST, package: str) -> list[tuple[str, bool]]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the course_lib modules that importing it runs."""
+def import_graph(hints: bool = False) -> dict[str, set[str]]:
+    """Module -> the course_lib modules that importing it runs (with `hints`, also those it
+    imports for type hints only)."""
     graph: dict[str, set[str]] = {}
     for name, path in MODULES.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges = set()
-        for target, in_function in _imports(ast.parse(path.read_text()), package):
+        for target, in_function in _imports(ast.parse(path.read_text()), package, hints):
             if not target.startswith("course_lib"):
                 continue
             if in_function and ((name, "*") in ALLOWED_UPWARD
@@ -126,6 +128,12 @@ def test_no_module_imports_one_that_imports_it_back():
     assert cycles(import_graph()) == []
 
 
+def test_no_circle_even_through_type_hints():
+    """A plug-in names a protocol, not its host: telemetry's watchers write through
+    telemetry/host.py's RecordHost (issue 27, N16), so not even type hints circle."""
+    assert cycles(import_graph(hints=True)) == []
+
+
 # What each part of the package may import (CONTRIBUTING.md, "How the pieces fit"): layers
 # below it only. `__main__` reaches its commands through importlib, inside main().
 MAY_IMPORT = {
@@ -165,6 +173,8 @@ def test_the_cycle_finder_finds_a_circle():
     assert _imports(merged, "course_lib.telemetry") == [("course_lib.telemetry.table", False),
                                                         ("course_lib.telemetry.chrome_like", True)]
     assert [t for t, _ in _imports(hints, "course_lib.telemetry")] == ["typing"]
+    assert [t for t, _ in _imports(hints, "course_lib.telemetry", hints=True)] == [
+        "typing", "course_lib.telemetry.merged_like"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
@@ -198,8 +208,20 @@ def test_the_import_report_shows_torch_when_it_is_imported():
     assert "torch" in imported("-c", "import course_lib.wrappers")
 
 
-@pytest.mark.parametrize("name", ["launch", "DistributedError", "Run", "observe", "rank_device"])
+@pytest.mark.parametrize("name", ["launch", "DistributedError", "Run", "observe", "rank_device",
+                                  "xray"])
 def test_the_lazy_package_still_exports_the_learners_names(name):
     import course_lib
 
     assert name in course_lib.__all__ and callable(getattr(course_lib, name))
+
+
+def test_every_public_name_has_one_home():
+    """__all__ is derived from _HOMES, and each home really defines its name."""
+    import importlib
+
+    import course_lib
+
+    assert course_lib.__all__ == list(course_lib._HOMES)
+    for name, home in course_lib._HOMES.items():
+        assert hasattr(importlib.import_module(home), name), f"{home} has no {name}"

@@ -426,3 +426,44 @@ def test_recorder_rejects_what_it_cannot_record():
         rec.watch_batchnorm(nn.Linear(2, 2))
     with pytest.raises(TypeError, match="DistributedDataParallel"):
         rec.watch_ddp(nn.Linear(2, 2))
+
+
+# -- the plug-in protocols (telemetry/host.py, chrome.TraceTables) -------------------------
+
+
+class _ListHost:
+    """A host that is not a Recorder: the watchers need only what RecordHost names."""
+
+    def __init__(self):
+        self.current_step, self.rows = 7, []
+
+    def record_row(self, table, *values):
+        self.rows.append((table, *values))
+
+    def record_grads(self, step, when, bucket, flat, layout):
+        raise AssertionError("not used here")
+
+    def layout(self, params, names):
+        raise AssertionError("not used here")
+
+
+def test_the_recorder_and_telemetry_satisfy_the_protocols():
+    from course_lib.telemetry.chrome import TraceTables
+    from course_lib.telemetry.host import Exporter, RecordHost
+
+    rec = telemetry.Recorder(enabled=False)
+    assert isinstance(rec, RecordHost) and isinstance(rec, Exporter)
+    assert isinstance(rec.telemetry(), TraceTables)
+    assert not isinstance(object(), RecordHost)  # the check can fail
+
+
+def test_watchers_write_into_any_host():
+    from course_lib.telemetry import batchnorm
+    from course_lib.telemetry.sampler import RecordedSampler
+
+    host = _ListHost()
+    assert list(RecordedSampler([4, 2], host)) == [4, 2]
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    batchnorm.watch(host, model)
+    model(torch.randn(5, 3))
+    assert [r[:2] for r in host.rows] == [("samples", 0), ("samples", 0), ("batchnorm", 7)]

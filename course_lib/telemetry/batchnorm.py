@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
+from course_lib.telemetry.host import RecordHost
 from course_lib.wrappers import unwrap
-
-if TYPE_CHECKING:
-    from course_lib.telemetry.recorder import Recorder
 
 BATCHNORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
-def watch(rec: Recorder, model: nn.Module) -> None:
+def watch(rec: RecordHost, model: nn.Module) -> None:
     """Hook every BatchNorm layer of `model` so that it records into `rec`."""
     layers = [(n, m) for n, m in unwrap(model).named_modules() if isinstance(m, BATCHNORMS)]
     if not layers:
@@ -31,7 +29,7 @@ class _Layer:
     input (biased variance, as used to normalise) and the running buffers the layer started
     the forward with (after DDP's buffer broadcast; NaN without running statistics)."""
 
-    def __init__(self, rec: Recorder, name: str) -> None:
+    def __init__(self, rec: RecordHost, name: str) -> None:
         self.rec, self.name, self.running = rec, name, None
 
     def before(self, module: nn.Module, inputs: tuple) -> None:

@@ -6,7 +6,8 @@ torch.profiler exported on each rank become per-rank payloads (Recorder.export()
 which Telemetry.from_profiler_traces merges, so the same plots draw them. merge_traces writes
 the per-rank profiler traces (and optionally the run's spans and all-reduces) into one file,
 one process per rank, on the clock the ranks of a machine share. This module knows tables,
-not the Telemetry class: run_telemetry imports it, never the other way round.
+not the Telemetry class (TraceTables says what it reads): run_telemetry imports it, never
+the other way round.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from course_lib.telemetry.columns import COLUMNS
-
-if TYPE_CHECKING:  # for the hints only: chrome_trace reads tel.ranks, tel.spans, tel.comms
-    from course_lib.telemetry.run_telemetry import Telemetry
+from course_lib.telemetry.table import Table
 
 COMPUTE, COMMUNICATION = 0, 1  # thread ids inside each rank's track
 # record_function names that torch itself adds, and the span names they stand for
@@ -36,7 +35,16 @@ DTYPE_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int
                "long int": 8}
 
 
-def chrome_trace(tel: Telemetry) -> dict[str, Any]:
+@runtime_checkable
+class TraceTables(Protocol):
+    """What a Chrome trace is drawn from (a Telemetry is one): ranks, spans, all-reduces."""
+
+    ranks: list[int]
+    spans: Table
+    comms: Table
+
+
+def chrome_trace(tel: TraceTables) -> dict[str, Any]:
     """The run as a Chrome trace (a dict ready for json.dump); times start at the run's start."""
     t0 = _start(tel)
     events = [e for rank in tel.ranks for e in _track_names(rank)]
@@ -49,7 +57,7 @@ def chrome_trace(tel: Telemetry) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def save_chrome_trace(tel: Telemetry, path: str | os.PathLike) -> Path:
+def save_chrome_trace(tel: TraceTables, path: str | os.PathLike) -> Path:
     """Write chrome_trace(tel) to `path` as JSON."""
     path = Path(path)
     path.write_text(json.dumps(chrome_trace(tel)))
@@ -57,7 +65,7 @@ def save_chrome_trace(tel: Telemetry, path: str | os.PathLike) -> Path:
 
 
 def merge_traces(paths: Iterable[str | os.PathLike], out: str | os.PathLike,
-                 tel: Telemetry | None = None) -> Path:
+                 tel: TraceTables | None = None) -> Path:
     """Write torch.profiler's per-rank Chrome traces as ONE trace: process N is rank N.
 
     Every event moves to the rank's process (its threads keep their names: the Python
@@ -134,7 +142,7 @@ def profiler_payloads(paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]
     return [_payload(t, i) for i, t in enumerate(traces)]
 
 
-def _start(tel: Telemetry) -> float:
+def _start(tel: TraceTables) -> float:
     starts = np.concatenate([tel.spans["start"], tel.comms["start"]]).astype(float)
     return float(starts.min()) if len(starts) else 0.0
 

@@ -8,7 +8,7 @@ No `from __future__ import annotations` here: DDP checks the hook's annotations 
 """
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,12 +16,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from course_lib.telemetry.clock import now
 from course_lib.telemetry.grads import parameter_names
-
-if TYPE_CHECKING:
-    from course_lib.telemetry.recorder import Recorder
+from course_lib.telemetry.host import RecordHost
 
 
-def watch(rec: "Recorder", ddp_model: DistributedDataParallel, hook: Callable | None,
+def watch(rec: RecordHost, ddp_model: DistributedDataParallel, hook: Callable | None,
           state: Any, grads: bool) -> None:
     """Register a comm hook on `ddp_model` that records into `rec`."""
     if not isinstance(ddp_model, DistributedDataParallel):

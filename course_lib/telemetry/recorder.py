@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.telemetry import batchnorm, collect, comm
+from course_lib.telemetry import batchnorm, comm, transport
 from course_lib.telemetry.clock import now
 from course_lib.telemetry.columns import COLUMNS
 from course_lib.telemetry.grads import (
@@ -47,7 +47,7 @@ class Recorder:
         self._grads: list[GradRecord] = []
         self._layouts: dict[tuple[int, ...], Layout] = {}
         if enabled:
-            collect.track(self)
+            transport.track(self)
 
     # -- what a training loop calls -------------------------------------------------------
 
@@ -119,10 +119,10 @@ class Recorder:
         """Write this rank's records to `directory`/rank<N>.json (default $COURSE_TELEMETRY_DIR)."""
         if not self.enabled:
             return None
-        directory = directory or os.environ.get(collect.ENV_DIR)
+        directory = directory or os.environ.get(transport.ENV_DIR)
         if not directory:
-            raise ValueError(f"save() needs a directory, or ${collect.ENV_DIR} set")
-        return collect.write(self.export(), directory)
+            raise ValueError(f"save() needs a directory, or ${transport.ENV_DIR} set")
+        return transport.write(self.export(), directory)
 
     def export(self) -> dict[str, Any]:
         """The records as plain data: {"rank", "world_size", "tables": {table: {column: list}}}."""

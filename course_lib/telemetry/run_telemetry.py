@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from course_lib.telemetry import chrome
-from course_lib.telemetry.collect import read
 from course_lib.telemetry.columns import COLUMNS
 from course_lib.telemetry.table import Table
+from course_lib.telemetry.transport import read
 
 
 class Telemetry:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from torch.utils.data import Sampler
 
-if TYPE_CHECKING:
-    from course_lib.telemetry.recorder import Recorder
+from course_lib.telemetry.host import RecordHost
 
 
 class RecordedSampler(Sampler[int]):
@@ -17,7 +15,7 @@ class RecordedSampler(Sampler[int]):
     Wrap once, before the epoch loop: the epoch number is how many passes came before.
     """
 
-    def __init__(self, sampler: Iterable[int], rec: Recorder) -> None:
+    def __init__(self, sampler: Iterable[int], rec: RecordHost) -> None:
         self.sampler, self.rec, self.passes = sampler, rec, 0
 
     def __iter__(self) -> Iterator[int]:

@@ -11,19 +11,17 @@ import atexit
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from course_lib.collectors import register_collector
 from course_lib.telemetry.columns import COLUMNS
-
-if TYPE_CHECKING:
-    from course_lib.telemetry.recorder import Recorder
+from course_lib.telemetry.host import Exporter
 
 ENV_DIR = "COURSE_TELEMETRY_DIR"
-_recorders: list[Recorder] = []
+_recorders: list[Exporter] = []
 
 
-def track(rec: Recorder) -> None:
+def track(rec: Exporter) -> None:
     """Include `rec` in what this process sends back (or writes at exit)."""
     if not _recorders:
         register_collector("telemetry", process_records)
