@@ -249,39 +249,48 @@ def network_interfaces() -> list[dict[str, str]]:
 
 # -- pictures ---------------------------------------------------------------------------------
 
+# Links that join the GPUs of one node only: an HGX H100 node has 8 GPUs on NVLink 4, and an
+# all-reduce over more ranks crosses the network between nodes, so its line stops there.
+ONE_NODE = {"NVLink 4 (H100)": 8}
+
+
 def plot_scaling(models: dict[str, tuple[float, int]], links: dict[str, Link],
                  measured: dict[int, tuple[float, float, float]] | None = None,
                  sizes: tuple[int, ...] = (2, 4, 8, 16, 32, 64), title: str = ""):
     """Predicted weak-scaling efficiency against world size, one panel per model of `models`
-    {name: (compute seconds, gradient bytes)}, one line per link, each line's crossover
-    (communication = compute) starred. `measured` {world size: (one rank's step, measured
-    step, predicted step)} from real ranks is drawn on the first panel."""
+    {name: (compute seconds, gradient bytes)}, one line per link (a link of ONE_NODE stops
+    at its node's size), each line's crossover (communication = compute) starred. `measured`
+    {world size: (one rank's step, step on the simulated link, predicted step)} from real
+    ranks is drawn on the first panel."""
     from course_lib.plots.style import HIGHLIGHT, LINESTYLES, MARKERS, RANK_COLORS, new_figure
 
-    fig = new_figure(11, 5.2)
+    fig = new_figure(8.4, 6.2)
     axes = fig.subplots(1, len(models), sharey=True)
     top = 1.05
     for ax, (model, (compute_s, nbytes)) in zip(axes, models.items()):
         for i, (name, link) in enumerate(links.items()):
-            _scaling_line(ax, compute_s, nbytes, name, link, sizes,
+            most = ONE_NODE.get(name, sizes[-1])
+            _scaling_line(ax, compute_s, nbytes, name, link,
+                          tuple(n for n in sizes if n <= most),
                           RANK_COLORS[i % len(RANK_COLORS)], MARKERS[i % len(MARKERS)],
                           LINESTYLES[i % len(LINESTYLES)])
         if measured and ax is axes[0]:
             top = max(1.05, *(0.05 + efficiency(m[0], m[1]) for m in measured.values()))
             _measured_points(ax, measured, HIGHLIGHT)
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")
-        ax.text(sizes[-1], 0.52, "communication = compute", ha="right", fontsize="x-small")
+        ax.text(sizes[-1], 0.52, "communication\n= compute", ha="right", fontsize="small")
         ax.set_xscale("log", base=2)
         ax.set_xticks([1, *sizes], [str(n) for n in (1, *sizes)])
         ax.minorticks_off()
         ax.set_ylim(0, top)
         ax.set_xlabel("world size (ranks)")
-        ax.set_title(f"{model}: {nbytes / MB:.1f} MB of gradients, "
-                     f"{compute_s * 1e3:.1f} ms compute a step", fontsize="small")
-        ax.legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
+        ax.set_title(f"{model}: {nbytes / MB:.1f} MB of gradients,\n"
+                     f"{compute_s * 1e3:.1f} ms compute a step (this CPU)", fontsize="small")
+        ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
     axes[0].set_ylabel("efficiency = one rank's step / step")
-    fig.suptitle(title or "Weak-scaling efficiency (star: where communication starts to "
-                 "dominate)", fontsize="medium")
+    fig.suptitle(title or "Predicted weak-scaling efficiency with this CPU's compute (star: "
+                 "communication starts to dominate;\na GPU's shorter compute moves every star "
+                 "to the left)", fontsize="medium")
     return fig
 
 
@@ -289,9 +298,9 @@ def _scaling_line(ax: Any, compute_s: float, nbytes: int, name: str, link: Link,
                   sizes: tuple[int, ...], color: str, marker: str, style: Any) -> None:
     eff = [efficiency(compute_s, predict_step(compute_s, nbytes, n, link)) for n in sizes]
     at = crossover(compute_s, nbytes, link, sizes[-1])
-    where = "never" if at is None else f"from {at}"
+    where = f"never dominates up to {sizes[-1]}" if at is None else f"dominates from {at}"
     ax.plot(sizes, eff, color=color, marker=marker, linestyle=style, ms=4,
-            label=f"{name} (dominates {where})")
+            label=f"{name} ({where})")
     if at is not None:
         at_eff = efficiency(compute_s, predict_step(compute_s, nbytes, at, link))
         ax.plot([at], [at_eff], marker="*", ms=15, color=color, mec="black", zorder=5)
@@ -301,7 +310,8 @@ def _measured_points(ax: Any, measured: dict[int, tuple[float, float, float]],
                      color: str) -> None:
     ns = sorted(measured)
     ax.plot(ns, [efficiency(measured[n][0], measured[n][1]) for n in ns], "o", ms=10,
-            color=color, fillstyle="none", mew=2, label="measured here, 1 GbE (real ranks)")
+            color=color, fillstyle="none", mew=2,
+            label="real ranks here on SIMULATED 1 GbE")
     ax.plot(ns, [efficiency(measured[n][0], measured[n][2]) for n in ns], "x--", ms=8,
             lw=0.8, color="black", label="predicted for those runs")
 
@@ -321,19 +331,19 @@ def plot_bucket_sweep(sweep: dict[float, dict[str, Any]], link: Link, loopback_m
                 marker=".", label="each repeat (one pass over the sizes)" if r == 0 else None)
     mid = [statistics.median(sweep[c]["ms"]) for c in caps]
     ax.plot(caps, mid, marker="o", lw=2.2, color=RANK_COLORS[0],
-            label=f"median, on {link.label()}")
+            label=f"median, on simulated {link.label()}")
     for cap, m in zip(caps, mid):
         n = sweep[cap]["buckets"]
         last = cap == caps[-1]
         ax.annotate(f"{n:g} bucket{'' if n == 1 else 's'}", (cap, m), textcoords="offset points",
                     xytext=(-6 if last else 6, -14), ha="right" if last else "left",
-                    fontsize="x-small")
+                    fontsize="small")
     ax.axhline(loopback_ms, color="black", ls=":", lw=1, label="same step without the link")
     top = max(max(sweep[c]["ms"]) for c in caps)
     ax.text(caps[0], top * 1.17, "many buckets:\neach pays 2(N-1) latencies", ha="left",
-            va="top", fontsize="x-small", color=HIGHLIGHT)
+            va="top", fontsize="small", color=HIGHLIGHT)
     ax.text(caps[-1], top * 1.17, "one bucket: the link starts\nonly when backward ends",
-            ha="right", va="top", fontsize="x-small", color=HIGHLIGHT)
+            ha="right", va="top", fontsize="small", color=HIGHLIGHT)
     ax.set_xscale("log")
     ax.set_xticks(caps, [f"{c:g}" for c in caps])
     ax.minorticks_off()
@@ -342,7 +352,7 @@ def plot_bucket_sweep(sweep: dict[float, dict[str, Any]], link: Link, loopback_m
     ax.set_ylabel("ms per step")
     ax.set_title("Bucket size on a slow, high-latency link: latency x buckets against overlap",
                  fontsize="medium")
-    ax.legend(fontsize="x-small", loc="lower center")
+    ax.legend(fontsize="small", loc="lower center")
     return fig
 
 
