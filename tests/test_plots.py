@@ -264,3 +264,59 @@ def test_timeline_explorer_redraws_the_chosen_run_step_and_ranks(monkeypatch):
     run.value = "b"
     toggles.children[0].value = False
     assert drawn[1:] == [(other, [0], [0, 1]), (other, [0], [1])]
+
+
+# -- generic charts (plots/charts.py) --------------------------------------------------------
+
+
+def test_lines_draws_one_styled_line_per_run():
+    from course_lib.plots import charts
+
+    curves = {"a": [4.0, 2.0, 1.0], "b": [4.0, 3.0, 2.5], "c": [1.0, 1.0, 1.0]}
+    fig = charts.lines(curves, ylabel="loss", title="t", log=True)
+    ax = fig.axes[0]
+    drawn = ax.get_lines()
+    assert [ln.get_label() for ln in drawn] == list(curves)
+    assert [list(ln.get_ydata()) for ln in drawn] == list(curves.values())
+    looks = {(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in drawn}
+    assert len(looks) == 3 and ax.get_yscale() == "log" and ax.get_ylabel() == "loss"
+    assert charts.series_style(9) == style.rank_style(9)  # any i: no magic modulus
+
+
+def test_lines_ends_a_diverged_run_with_a_labelled_cross():
+    from course_lib.plots import charts
+
+    fig = charts.lines({"fine": [1.0, 0.5, 0.2], "diverged": [1.0, 8.0, float("inf"), 3.0]})
+    ax = fig.axes[0]
+    diverged = ax.get_lines()[1]
+    assert list(diverged.get_ydata()) == [1.0, 8.0]  # stops at the first inf
+    crosses = [ln for ln in ax.get_lines() if ln.get_marker() == "x"]
+    assert len(crosses) == 1 and list(crosses[0].get_xdata()) == [2]
+    assert [t.get_text() for t in ax.texts] == ["diverged: inf/nan from step 2"]
+
+
+def test_bars_draws_one_labelled_bar_per_run():
+    from course_lib.plots import charts
+
+    values = {"1 MiB": 12.34, "25 MiB": 9.8, "none": 20.0}
+    fig = charts.bars(values, ylabel="ms", fmt="{:.1f}", highlight=["none"])
+    ax = fig.axes[0]
+    drawn = [p for p in ax.patches if isinstance(p, Rectangle)]
+    assert [b.get_height() for b in drawn] == list(values.values())
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(values)
+    assert [t.get_text() for t in ax.texts] == ["12.3", "9.8", "20.0"]
+    assert len({b.get_hatch() for b in drawn}) == 3
+    assert matplotlib.colors.to_hex(drawn[2].get_edgecolor()) == style.HIGHLIGHT.lower()
+
+
+def test_charts_draw_into_a_given_axes_and_refuse_nothing_to_draw():
+    from course_lib.plots import charts
+
+    fig = style.new_figure(6, 3)
+    left, right = fig.subplots(1, 2)
+    assert charts.lines({"a": [1.0, 2.0]}, ax=left) is fig
+    assert charts.bars({"a": 1.0}, ylabel="x", ax=right) is fig
+    with pytest.raises(ValueError, match="no runs to draw"):
+        charts.lines({})
+    with pytest.raises(ValueError, match="not among the runs"):
+        charts.bars({"a": 1.0}, ylabel="x", highlight=["b"])
