@@ -25,6 +25,9 @@ COMMANDS = {
                "write a notebook's training function as a script that torchrun runs"),
     "run-times": ("course_lib.authoring.run_times",
                   "write each notebook's measured time (from a test run) into the README"),
+    "run-facts": ("course_lib.authoring.run_facts",
+                  "write a run's test counts, CI time, .venv size and doctor table into the "
+                  "docs"),
 }
 
 

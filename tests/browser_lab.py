@@ -54,9 +54,17 @@ SETTINGS = {"@jupyter-widgets/jupyterlab-manager/plugin": {"saveState": True},
             "@jupyterlab/docmanager-extension/plugin": {"autosave": False}}
 
 
+FIGURE_TEXT_PROBE = Path(__file__).with_name("figure_text_probe.py")
+FIGURE_TEXT_LOG = "figure-text.jsonl"  # in the server's home folder
+
+
 def lab_env(home: Path) -> dict[str, str]:
     """Private config, data, runtime and settings folders; the news pop-up switched off;
-    the kernel's environment as a learner's."""
+    the kernel's environment as a learner's, plus an IPython start-up file that logs each
+    inline figure's smallest text (figure_text_probe.py)."""
+    startup = home / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-figure-text.py").write_text(FIGURE_TEXT_PROBE.read_text())
     labconfig = home / "config" / "labconfig"
     labconfig.mkdir(parents=True)
     (labconfig / "page_config.json").write_text(json.dumps(
@@ -69,14 +77,25 @@ def lab_env(home: Path) -> dict[str, str]:
     # puts each figure into the page (with Agg none would be drawn, and none be missed).
     env = {k: v for k, v in os.environ.items() if k != "MPLBACKEND"}
     return {**env, "JUPYTER_CONFIG_DIR": str(home / "config"),
-            "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime")}
+            "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+            "IPYTHONDIR": str(home / "ipython"),
+            "COURSE_FIGURE_TEXT_LOG": str(home / FIGURE_TEXT_LOG)}
 
 
 class Lab:
-    """A running JupyterLab: its URL, token, and REST calls on it."""
+    """A running JupyterLab: its URL, token, REST calls on it, and its kernels' figure log."""
 
-    def __init__(self, url: str, token: str, root: Path):
+    def __init__(self, url: str, token: str, root: Path, home: Path):
         self.url, self.token, self.root = url, token, root
+        self.figure_log = home / FIGURE_TEXT_LOG
+
+    def take_figure_log(self) -> list[dict]:
+        """The figures logged since the last call (figure_text_probe.py), and a fresh log."""
+        if not self.figure_log.exists():
+            return []
+        entries = [json.loads(line) for line in self.figure_log.read_text().splitlines()]
+        self.figure_log.unlink()
+        return entries
 
     def api(self, path: str, method: str = "GET") -> object:
         request = urllib.request.Request(f"{self.url}/api/{path}", method=method,
@@ -106,7 +125,7 @@ def jupyterlab(root: Path, home: Path) -> Iterator[Lab]:
                                   stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for_server(server, f"http://127.0.0.1:{port}/api/status?token={token}", log)
-        yield Lab(f"http://127.0.0.1:{port}", token, root)
+        yield Lab(f"http://127.0.0.1:{port}", token, root, home)
     finally:
         server.terminate()  # shuts any kernel left (and the ranks it started) down
         server.wait(timeout=30)
@@ -146,6 +165,11 @@ WATCH_RUN = """() => {
 }"""
 RUN_FINISHED = """() => window.courseRunAll.busy
     && document.querySelector('.jp-Notebook-ExecutionIndicator').dataset.status === 'idle'"""
+# Every code cell shows its execution count ("[12]:", not "[ ]:" or "[*]:"): the indicator
+# alone can read idle between two cells while more are queued (seen under load).
+ALL_CELLS_RAN = """() => [...document.querySelectorAll('.jp-Notebook .jp-CodeCell')]
+    .every(cell => /\\[\\d+\\]/.test(
+        (cell.querySelector('.jp-InputArea-prompt') || {}).textContent || ''))"""
 
 
 def open_notebook(page, url: str, cells: int, timeout_ms: int = 120_000) -> None:
@@ -157,15 +181,23 @@ def open_notebook(page, url: str, cells: int, timeout_ms: int = 120_000) -> None
     page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
 
 
-def run_all(page, timeout_ms: int) -> None:
-    """Run > Run All Cells, as a learner does; wait until the kernel has answered every
-    request and is idle."""
+def run_all(page, timeout_ms: int, settle_ms: int = 1000) -> None:
+    """Run > Run All Cells, as a learner does; wait until every code cell shows its
+    execution count and the kernel is idle twice, settle_ms apart."""
     page.evaluate(WATCH_RUN)
     page.locator(".jp-Notebook .jp-Cell").first.click()  # the notebook is the current widget
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.locator("li[data-command='runmenu:run-all']").click()
+    deadline = time.monotonic() + timeout_ms / 1000
     page.wait_for_function(RUN_FINISHED, timeout=timeout_ms, polling=250)
-    page.wait_for_function(KERNEL_IDLE, timeout=timeout_ms)
+    while time.monotonic() < deadline:
+        left_ms = max(1.0, (deadline - time.monotonic()) * 1000)
+        page.wait_for_function(ALL_CELLS_RAN, timeout=left_ms, polling=250)
+        page.wait_for_function(KERNEL_IDLE, timeout=left_ms)
+        page.wait_for_timeout(settle_ms)
+        if page.evaluate(KERNEL_IDLE) and page.evaluate(ALL_CELLS_RAN):
+            return
+    raise TimeoutError(f"Run All did not finish within {timeout_ms / 1000:g} s")
 
 
 def saved_notebook(page, path: Path, timeout_ms: int = 60_000) -> nbformat.NotebookNode:
@@ -193,7 +225,7 @@ SHOWN = r"""(widgetClasses) => {
     return [...document.querySelectorAll('.jp-Notebook .jp-Cell')].map((cell, i) => {
         const seen = {figures: 0, blankFigures: 0, widgets: 0, widgetFigures: 0,
                       blankWidgetFigures: 0, stuck: [], reprs: [], text: '', shots: [],
-                      scales: []};
+                      scales: [], sizes: []};
         const area = cell.querySelector('.jp-Cell-outputArea');
         if (!area) return seen;
         seen.text = area.textContent;
@@ -214,6 +246,7 @@ SHOWN = r"""(widgetClasses) => {
                 if (img && loaded(img)) {
                     mark(out, 'figure', ++seen.figures);
                     seen.scales.push(Math.round(100 * img.width / img.naturalWidth));
+                    seen.sizes.push([img.naturalWidth, img.naturalHeight, img.width]);
                 } else seen.blankFigures += 1;
             } else if (view) {
                 mark(view, 'widget', ++seen.widgets);
@@ -371,6 +404,30 @@ def opening(text: str, width: int = 60) -> str:
     """The start of the text's first line: enough to find it in the page."""
     lines = text.strip().splitlines()
     return lines[0][:width] if lines else ""
+
+
+TEXT_FLOOR_PX = 8
+
+
+def small_text(shown: list[dict], logged: list[dict], floor: float = TEXT_FLOOR_PX) -> list[str]:
+    """Figures whose smallest text is shown below `floor` pixels tall: each figure in the
+    page is matched, by its pixel size and in order, to the kernel's log of it."""
+    pending: dict[tuple[int, int], list[dict]] = {}
+    for entry in logged:
+        pending.setdefault((entry["width"], entry["height"]), []).append(entry)
+    found = []
+    for number, seen in enumerate(shown, start=1):
+        for natural_w, natural_h, shown_w in seen.get("sizes", []):
+            matches = pending.get((natural_w, natural_h))
+            if not matches:
+                continue  # not drawn by matplotlib's inline backend: not measured
+            entry = matches.pop(0)
+            px = entry["text_px"] * shown_w / natural_w
+            if px < floor:
+                found.append(f"cell {number}: text {entry['text']!r} shown {px:.1f} px tall "
+                             f"(figure at {round(100 * shown_w / natural_w)}% of its width); "
+                             f"at least {floor} px is readable")
+    return found
 
 
 def shrunk_figures(shown: list[dict], below: int = 80) -> list[str]:
