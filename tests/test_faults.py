@@ -232,3 +232,24 @@ def test_a_notebook_function_that_sets_cudnn_flags_launches():
     exec(CUDNN_SOURCE, namespace)
     run = launch(namespace["deterministic_cudnn"], 2, backend="gloo", echo=False)
     assert run.results == [True, True]
+
+
+def _collects_then_hangs():
+    from course_lib.collectors import register_collector
+
+    steps = []
+    register_collector("steps", lambda: list(steps))
+    steps.append(dist.get_rank())
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # blocks: rank 1 never comes
+    while True:
+        time.sleep(0.05)
+
+
+def test_a_stopped_rank_s_collector_data_comes_back():
+    """The launcher asks a rank it stops for its last words: a hung rank sends no result,
+    yet Run.extras holds its collectors' data (rank 0 blocked inside gloo, rank 1 in Python)."""
+    with pytest.raises(DistributedError) as info:
+        launch(_collects_then_hangs, 2, timeout=4, pg_timeout=30, backend="gloo", echo=False)
+    assert info.value.timed_out
+    assert info.value.run.extras == [{"steps": [0]}, {"steps": [1]}]

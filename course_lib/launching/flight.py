@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -27,9 +28,11 @@ def enabled() -> bool:
     return bool(os.environ.get("TORCH_FR_BUFFER_SIZE"))
 
 
-def watch(path: str) -> None:
-    """Dump to `path` whenever DUMP_SIGNAL arrives. Call before any other thread starts:
-    threads inherit the blocked signal, so only the watcher ever receives it."""
+def watch(path: str, before: Callable[[], None] | None = None) -> None:
+    """Dump to `path` whenever DUMP_SIGNAL arrives, after calling `before()` (the rank's
+    last words: the launcher waits for the dump, so what `before` writes is there by then).
+    Call before any other thread starts: threads inherit the blocked signal, so only the
+    watcher ever receives it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {DUMP_SIGNAL})
     os.register_at_fork(  # a DataLoader worker or any child gets the signal back
         after_in_child=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {DUMP_SIGNAL}))
@@ -37,6 +40,8 @@ def watch(path: str) -> None:
     def wait_and_dump() -> None:
         while True:
             signal.sigwait({DUMP_SIGNAL})
+            if before is not None:
+                before()
             dump(path)
 
     threading.Thread(target=wait_and_dump, name="course_lib-flight-recorder",

@@ -97,6 +97,7 @@ def _spec(rank: int, world_size: int, backend: str, pg_timeout: float,
         threads=int(torchrun_env["OMP_NUM_THREADS"]), env=torchrun_env,
         store_path=os.path.join(tmp, "store"), stack_path=os.path.join(tmp, f"stack{rank}"),
         flight_path=os.path.join(tmp, f"flight{rank}") if env.get("TORCH_FR_BUFFER_SIZE") else "",
+        extras_path=os.path.join(tmp, f"extras{rank}"),
     )
 
 
@@ -227,7 +228,8 @@ class _Launch:
                   logs=self.logs, wall_time=wall_time)
         failures = [f for f in (self._failure(w) for w in self.workers) if f]
         for w in self.workers:
-            value, extras = w.result or (None, (w.error or {}).get("extras"))
+            value, extras = w.result or (None, (w.error or {}).get("extras")
+                                         or _last_words(w.spec.extras_path))
             run.results.append(cloudpickle.loads(value) if value and not failures else None)
             run.extras.append(cloudpickle.loads(extras) if extras else {})
             run.timings.append(w.timings)
@@ -331,6 +333,15 @@ def _exit_failure(exitcode: int | None, common: dict) -> RankFailure:
                            error_type=name, message=f"killed by signal {name}", **common)
     return RankFailure(kind="exit", summary=f"exited with code {exitcode} without a result",
                        error_type="exit", message=f"exit code {exitcode}", **common)
+
+
+def _last_words(path: str) -> bytes | None:
+    """The collectors' data a stopped rank wrote when asked for its flight recorder."""
+    try:
+        with open(path, "rb") as f:
+            return f.read() or None
+    except OSError:
+        return None
 
 
 def _traceback_text(error: dict) -> str:

@@ -7,6 +7,7 @@ so a launch pays no import cost. Nothing here is called from the notebook's kern
 from __future__ import annotations
 
 import faulthandler
+import functools
 import gc
 import multiprocessing
 import os
@@ -43,6 +44,7 @@ class WorkerSpec:
     store_path: str
     stack_path: str
     flight_path: str = ""  # where the flight recorder is dumped; "" when it is off
+    extras_path: str = ""  # where a stopped rank writes its collectors' data (last words)
 
 
 def run_worker(
@@ -59,7 +61,7 @@ def run_worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts
     _redirect_output(stdout_w, stderr_w)
     if spec.flight_path:  # before any thread starts (see flight.watch)
-        flight.watch(spec.flight_path)
+        flight.watch(spec.flight_path, functools.partial(_last_words, spec.extras_path))
     _exit_when_kernel_dies(alive_r, os.path.dirname(spec.store_path))
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -119,6 +121,21 @@ def _send_result(messages: Connection, value: Any) -> int:
         return 1
     messages.send(("result", (data, extras)))
     return 0
+
+
+def _last_words(path: str) -> None:
+    """Write the collectors' data to `path` (atomically) for the launcher, which asks a rank
+    it is about to stop (a hang, a peer's failure): that rank sends no result. Runs in the
+    flight recorder's thread while the main thread may be blocked; never raises."""
+    if not path:
+        return
+    try:
+        data = dumps(collect_all())
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+    except Exception:  # noqa: BLE001 - data changing under us, a full disk: none then
+        pass
 
 
 def _extras_or_warning() -> bytes:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
-import tempfile
 import types
 from collections.abc import Callable
 from typing import Any
@@ -34,23 +33,18 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     from course_lib.xray.detectors import run_all
     from course_lib.xray.observation import Observation
     from course_lib.xray.tidy import tidy
-    from course_lib.xray.worker import observed, spilled
+    from course_lib.xray.worker import observed
 
     launch_kwargs.setdefault("pg_timeout", max(1.0, min(PG_TIMEOUT_MAX_S, timeout / 4)))
     title = title or f"X-ray of {getattr(train_fn, '__name__', 'the function')} on " \
                      f"{world_size} ranks"
     error, run = None, None
-    with tempfile.TemporaryDirectory(prefix="course_lib-xray-") as spill_dir:
-        try:
-            run = launch(functools.partial(observed, spill_dir, train_fn), world_size,
-                         timeout=timeout, **launch_kwargs)
-        except DistributedError as exc:
-            error, run = exc, exc.run
-        obs = Observation.from_run(world_size, run, error, script=title, source=source)
-        for rank in set(range(world_size)) - set(obs.events):
-            events = spilled(spill_dir, rank)  # a rank stopped at the timeout sent none
-            if events is not None:
-                obs.events[rank] = events
+    try:
+        run = launch(functools.partial(observed, train_fn), world_size, timeout=timeout,
+                     **launch_kwargs)
+    except DistributedError as exc:
+        error, run = exc, exc.run
+    obs = Observation.from_run(world_size, run, error, script=title, source=source)
     report = run_all(obs, error_text=tidy(str(error)) if error else "", title=title)
     report.run, report.failure = run, error
     report.findings = [dataclasses.replace(f, where=cell_name(f.where))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+COLLECTOR = "xray"  # the name the rank's events travel under (Run.extras[rank][COLLECTOR])
+
 
 @dataclass
 class Observation:
@@ -29,10 +31,6 @@ class Observation:
         return [(rank, e) for rank in sorted(self.events) for e in self.events[rank]
                 if e["kind"] == kind]
 
-    def ranks_reporting(self) -> list[int]:
-        """The ranks whose events came back (a rank killed at the timeout sends none)."""
-        return sorted(self.events)
-
     @classmethod
     def from_run(cls, world_size: int, run: Any, error: Any = None,
                  script: str = "", source: str = "") -> Observation:
@@ -43,8 +41,8 @@ class Observation:
         if run is None:
             return obs
         for rank, extras in enumerate(run.extras):
-            if "xray" in extras:
-                obs.events[rank] = extras["xray"]
+            if COLLECTOR in extras:
+                obs.events[rank] = extras[COLLECTOR]
         for rank in range(world_size):
             obs.logs[rank] = run.output(rank)
         return obs
