@@ -1,6 +1,8 @@
 """course_lib.teach.data_parallel: the hand-written, the bucketed and PyTorch's data
 parallelism train exactly as one process does on the whole batch, at 2 and 3 ranks."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -43,9 +45,10 @@ def baseline() -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def train_each_way() -> dict[str, dict]:
-    """On every rank: each wrapper trains its own model on this rank's share of the batch.
-    Each rank starts from a different seed: the wrappers must give all rank 0's weights."""
+def train_each_way(micro_steps: int = 1) -> dict[str, dict]:
+    """On every rank: each wrapper trains its own model on this rank's share of the batch,
+    in `micro_steps` micro-batches (all but the last inside no_sync()). Each rank starts
+    from a different seed: the wrappers must give all rank 0's weights."""
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = (t.chunk(world)[rank] for t in batch())
     out = {}
@@ -57,7 +60,10 @@ def train_each_way() -> dict[str, dict]:
         for _ in range(STEPS):
             opt.zero_grad()
             with recorded() as seen:
-                nn.functional.mse_loss(model(x), y).backward()
+                for i, (xs, ys) in enumerate(zip(x.chunk(micro_steps), y.chunk(micro_steps))):
+                    last = i == micro_steps - 1
+                    with nullcontext() if last else model.no_sync():  # forward inside too
+                        (nn.functional.mse_loss(model(xs), ys) / micro_steps).backward()
                 if isinstance(model, BucketedDataParallel):
                     launched.append((model.launched(), len(model.buckets)))
                 finish_gradient_sync(model)
@@ -69,27 +75,32 @@ def train_each_way() -> dict[str, dict]:
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_all_three_match_one_process(world_size):
+@pytest.mark.parametrize("world_size, micro_steps", [(2, 1), (3, 1), (2, 2), (3, 2)])
+def test_all_three_match_one_process(world_size, micro_steps):
+    """With and without gradient accumulation (micro_steps 2: a no_sync() backward first)."""
     want = baseline()
-    results = launch(train_each_way, world_size, backend="gloo", timeout=120).results
+    results = launch(train_each_way, world_size, args=(micro_steps,), backend="gloo",
+                     timeout=120).results
     for rank, by_name in enumerate(results):
         for name, got in by_name.items():
             for key, value in want.items():
                 assert torch.allclose(got["state"][key], value, rtol=1e-4, atol=1e-6), \
                     f"{name} on rank {rank} of {world_size}: {key} differs from one process"
-        assert by_name["naive"]["calls"] == 6  # one all-reduce per parameter tensor
+        assert by_name["naive"]["calls"] == 6  # one per parameter tensor, per optimizer step
         # every bucket started its all-reduce inside backward, before the sync was asked for
         launched = by_name["bucketed"]["launched"]
         assert len(launched) == STEPS and all(started == total > 1 for started, total in launched)
 
 
-def test_buckets_fill_in_backward_order_under_the_cap():
+def test_buckets_fill_in_backward_order_and_close_at_the_cap():
+    """DDP's rule: a bucket closes once it holds the cap or more (so it can end a little
+    over it); only the last may hold less."""
     params = list(net(seed=0).parameters())
     buckets = make_buckets(params, cap_bytes=300)
     assert [p for b in buckets for p in b.params] == params[::-1]
-    assert all(sum(p.numel() * 4 for p in b.params) <= 300 or len(b.params) == 1
-               for b in buckets)
+    sizes = [sum(p.numel() * 4 for p in b.params) for b in buckets]
+    assert len(buckets) > 1 and all(s >= 300 for s in sizes[:-1])
+    assert all(s - b.params[-1].numel() * 4 < 300 for s, b in zip(sizes, buckets))
 
 
 def unused_parameter_errors() -> dict[str, str]:

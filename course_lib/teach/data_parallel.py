@@ -8,17 +8,24 @@
     finish_gradient_sync(model)          # the first two wait here; DDP already has
     opt.step()
 
+Gradient accumulation: each has `no_sync()`. Inside it the hand-written two skip their
+all-reduces at backward time. DDP decides at *forward* time (_post_forward calls
+prepare_for_backward only when require_backward_grad_sync is set: torch 2.13,
+torch/nn/parallel/distributed.py:1828), so its forward must be inside no_sync() too.
+
 All three leave every rank with the same gradients: the mean over ranks of each rank's own
 gradients. The first two are written to be read from top to bottom (picotron keeps
-`DataParallelNaive` beside `DataParallelBucket` for the same reason); DDP does the same in
-C++ (torch/csrc/distributed/c10d/reducer.cpp), with more care: it re-orders buckets after
-the first step, copies gradients straight into its buckets as views, and finds unused
-parameters when asked. Lessons 01, 04 and 07 time and read them; benchmarks/data_parallel.py
-times them side by side.
+`DataParallelNaive` beside `DataParallelBucket` for the same reason). DDP does the same in
+C++ (torch/csrc/distributed/c10d/reducer.cpp), with more care: it re-orders its buckets
+after the first step, can keep the gradients as views into its buckets
+(gradient_as_bucket_view=True), and finds unused parameters when asked. Lessons 01, 04 and
+07 time and read them; benchmarks/data_parallel.py times them side by side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -44,10 +51,34 @@ def _trained(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
+class _Wrapper(nn.Module):
+    """What the two hand-written wrappers share: the model, rank 0's weights everywhere,
+    and DDP's switch for gradient accumulation."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.require_backward_grad_sync = True  # DDP's name for the same switch
+        broadcast_from_rank0(module)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate into param.grad on this rank: no
+        all-reduce until a backward outside it (then the sum of them all is averaged)."""
+        before, self.require_backward_grad_sync = self.require_backward_grad_sync, False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = before
+
+
 # -- 1. by hand ---------------------------------------------------------------------------
 
 
-class NaiveDataParallel(nn.Module):
+class NaiveDataParallel(_Wrapper):
     """The simplest correct data parallelism: after backward, one all-reduce per parameter.
 
     Each all-reduce waits for the one before and none starts until backward has finished,
@@ -55,16 +86,11 @@ class NaiveDataParallel(nn.Module):
     pays the per-call latency many times.
     """
 
-    def __init__(self, module: nn.Module) -> None:
-        super().__init__()
-        self.module = module
-        broadcast_from_rank0(module)
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
     def finish_gradient_sync(self) -> None:
-        """Average every gradient over the ranks: sum with all_reduce, divide by the size."""
+        """Average every gradient over the ranks: sum with all_reduce, divide by the size
+        (nothing inside no_sync())."""
+        if not self.require_backward_grad_sync:
+            return
         world_size = dist.get_world_size()
         for p in _trained(self.module):
             if p.grad is None:
@@ -98,43 +124,44 @@ class _Bucket:
 
 
 def make_buckets(params: list[nn.Parameter], cap_bytes: int) -> list[_Bucket]:
-    """Group parameters into buckets of at most `cap_bytes` (a larger parameter gets one of
-    its own), in reverse order of definition: backward produces the last layer's gradients
-    first, so the first bucket fills first. DDP starts from the same order."""
+    """Group parameters into buckets in reverse order of definition (backward produces the
+    last layer's gradients first, so the first bucket fills first), closing a bucket once it
+    holds `cap_bytes` or more: DDP's rule, so a bucket can end a little over the cap. (DDP
+    then re-orders its buckets by the order gradients arrived in its first backward.)"""
     buckets, current, size = [], [], 0
     for p in reversed(params):
-        nbytes = p.numel() * p.element_size()
-        if current and (size + nbytes > cap_bytes or p.dtype != current[0].dtype):
+        if current and p.dtype != current[0].dtype:  # one flat tensor has one dtype
             buckets.append(_Bucket(current))
             current, size = [], 0
         current.append(p)
-        size += nbytes
+        size += p.numel() * p.element_size()
+        if size >= cap_bytes:
+            buckets.append(_Bucket(current))
+            current, size = [], 0
     if current:
         buckets.append(_Bucket(current))
     return buckets
 
 
-class BucketedDataParallel(nn.Module):
+class BucketedDataParallel(_Wrapper):
     """Gradient hooks copy each gradient into its bucket the moment autograd has
     accumulated it; a full bucket starts its all-reduce at once (async_op=True) and
     backward goes on computing the earlier layers meanwhile. finish_gradient_sync() waits
     for every bucket and copies the averaged gradients back into `param.grad`."""
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float = BUCKET_CAP_MB) -> None:
-        super().__init__()
-        self.module = module
-        broadcast_from_rank0(module)
+        super().__init__(module)
         cap_bytes = max(1, int(bucket_cap_mb * 1024 * 1024))
         self.buckets = make_buckets(_trained(module), cap_bytes)
         self._bucket_of = {p: b for b in self.buckets for p in b.params}
         for p in self._bucket_of:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
-
     def _grad_ready(self, p: nn.Parameter) -> None:
-        """Runs inside backward, once p.grad holds this backward's gradient."""
+        """Runs inside backward, once p.grad holds this backward's gradient (added to what
+        earlier backwards inside no_sync() left there)."""
+        if not self.require_backward_grad_sync:
+            return
         bucket = self._bucket_of[p]
         bucket.slot(p).copy_(p.grad)
         bucket.ready.add(p)
@@ -146,7 +173,10 @@ class BucketedDataParallel(nn.Module):
         return sum(b.work is not None for b in self.buckets)
 
     def finish_gradient_sync(self) -> None:
-        """Wait for every bucket's all-reduce, then write the averages into param.grad."""
+        """Wait for every bucket's all-reduce, then write the averages into param.grad
+        (nothing inside no_sync())."""
+        if not self.require_backward_grad_sync:
+            return
         world_size = dist.get_world_size()
         for bucket in self.buckets:
             if bucket.work is None:
