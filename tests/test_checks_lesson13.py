@@ -1,6 +1,8 @@
-"""Lesson 13's check accepts the worked solution and differently written wrappings that fit,
-and rejects plausible wrong ones (DDP, ZeRO-1, one FSDP unit, reshard_after_forward=False,
-the optimizer built before fully_shard, SGD), each with the hint that names what it did."""
+"""Lesson 13's check accepts the worked solution and differently written wrappings that fit
+(offload, units of two blocks, fully_shard's default mesh), and rejects plausible wrong ones
+(DDP, ZeRO-1, one FSDP unit, reshard_after_forward=False, the root forgotten, the optimizer
+built before fully_shard, SGD, AdamW's weight decay, a typed-in learning rate), each with the
+hint that names what it did."""
 
 import pytest
 import torch
@@ -58,6 +60,34 @@ def optimizer_first(model, lr):
     return model, optimizer
 
 
+def two_block_units(model, lr):
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for first in range(0, len(model), 2):
+        fully_shard([model[first], model[first + 1]], mesh=mesh)  # one unit of two blocks
+    fully_shard(model, mesh=mesh)
+    return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def root_forgotten(model, lr):
+    for block in model:
+        fully_shard(block)
+    return model, torch.optim.Adam(model.parameters(), lr=lr)
+
+
+def adamw(model, lr):
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=lr)
+
+
+def lr_typed_in(model, lr):
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
 def sgd(model, lr):
     for block in model:
         fully_shard(block)
@@ -71,7 +101,7 @@ def model_only(model, lr):
     return fully_shard(model)
 
 
-@pytest.mark.parametrize("fn", ["solution", offload_per_block])
+@pytest.mark.parametrize("fn", ["solution", offload_per_block, two_block_units])
 def test_shard_to_fit_accepts(fn, capsys):
     fn = solution("shard_to_fit") if fn == "solution" else fn
     accepts(check_shard_to_fit, fn, capsys)
@@ -82,6 +112,9 @@ def test_shard_to_fit_accepts(fn, capsys):
     (zero1, "Adam's state was sharded (ZeRO-1), but every rank still held all the parameters"),
     (one_unit, "FSDP gathered the whole model at once, from the first layer's forward"),
     (keep_gathered, "that is reshard_after_forward=False"),
+    (root_forgotten, "fully_shard was never called on the root"),
+    (adamw, "AdamW with weight_decay=0.01"),
+    (lr_typed_in, "was given lr=0.003, but the optimizer it returned uses lr=0.001"),
     (optimizer_first, "build the optimizer after wrapping"),
     (sgd, "the weights differ from one-process torch.optim.Adam(lr=0.001)"),
     (model_only, "must return (model, optimizer)"),

@@ -14,22 +14,47 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import launch
-from course_lib.teach import memory
+from course_lib.teach import memory, memory_plan
 
 LAYERS, WIDTH = 4, 256
 N_PARAMS = LAYERS * (WIDTH * WIDTH + WIDTH)
 LAYER_PARAMS = WIDTH * WIDTH + WIDTH
 
 
-def test_adam_costs_16_bytes_per_parameter_in_both_precisions():
+def test_adam_costs_16_bytes_per_parameter_in_every_layout():
     for precision in memory.PRECISIONS:
-        got = memory.predict(1000, 1, "DDP", precision, "Adam")
-        assert sum(got.values()) == 16_000
+        got = memory.predict(1000, 1, "DDP", precision, "Adam", bucket_view=True)
+        states = got["parameters"] + got["gradients"] + got["optimizer state"]
+        assert states == 16_000
+
+
+def test_pytorch_bf16_keeps_fp32_state_and_deepspeed_does_not():
+    pytorch = memory.predict(1000, 8, "ZeRO-1", "bf16 PyTorch", bucket_view=True)
+    assert pytorch == {"parameters": 4000, "gradients": 4000, "optimizer state": 1000,
+                       "gathered parameters": 2000}  # autocast's bf16 copies of the weights
+    deepspeed = memory.predict(1000, 8, "ZeRO-1", "bf16 DeepSpeed", bucket_view=True)
+    assert deepspeed == {"parameters": 2000, "gradients": 2000, "optimizer state": 1500,
+                         "gathered parameters": 0}
+    fsdp = memory.predict(1000, 8, "FSDP2", "bf16 PyTorch", unit_params=100)
+    assert fsdp["gathered parameters"] == 200  # MixedPrecisionPolicy gathers in bf16
+
+
+def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_views():
+    assert memory.predict(1000, 2, "DDP")["gradients"] == 8000
+    assert memory.predict(1000, 2, "DDP", bucket_view=True)["gradients"] == 4000
+    assert memory.predict(1000, 2, "FSDP2")["gradients"] == 2000
+
+
+def test_offload_leaves_only_the_gathered_unit_on_the_device():
+    counts = {"parameters": 10, "gradients": 10, "optimizer state": 20,
+              "gathered parameters": 40, "unsharded gradients": 30}
+    assert memory.device_bytes(counts, offloaded=False) == 110
+    assert memory.device_bytes(counts, offloaded=True) == 70
 
 
 def test_each_strategy_divides_its_parts():
     n = 4
-    assert memory.predict(1000, n, "ZeRO-1") == {
+    assert memory.predict(1000, n, "ZeRO-1", bucket_view=True) == {
         "parameters": 4000, "gradients": 4000, "optimizer state": 2000,
         "gathered parameters": 0.0}
     assert memory.predict(1000, n, "ZeRO-2")["gradients"] == 1000
@@ -80,7 +105,7 @@ def _wrap(name, model):
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model, torch.optim.Adam(model.parameters())
-    model = DDP(model)
+    model = DDP(model, gradient_as_bucket_view=True)
     if name == "ZeRO-1":
         return model, ZeroRedundancyOptimizer(model.parameters(),
                                               optimizer_class=torch.optim.Adam)
@@ -102,10 +127,10 @@ def _measure_each():
 
 def _calculator_figures(strategy, world_size):
     """What the widget shows for the lesson's configuration, parsed back to bytes."""
-    box = memory.calculator()
-    n, ranks, chosen, precision, optimizer, unit, out = box.children
+    box = memory_plan.calculator()
+    n, ranks, chosen, precision, optimizer, unit, view, out = box.children
     n.value, ranks.value, chosen.value = N_PARAMS, world_size, strategy
-    precision.value, optimizer.value = "fp32", "Adam"
+    precision.value, optimizer.value, view.value = "fp32", "Adam", True
     unit.value = 100 * LAYER_PARAMS / N_PARAMS
     units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
     found = re.findall(r"([a-z ]+): ([\d.]+) (B|KiB|MiB|GiB)<br>", out.value)
@@ -114,7 +139,7 @@ def _calculator_figures(strategy, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_calculator_matches_what_ranks_measured(world_size):
-    results = launch(_measure_each, world_size, echo=False).results
+    results = launch(_measure_each, world_size, echo=False, backend="gloo").results
     for strategy in ("DDP", "ZeRO-1", "FSDP2"):
         shown = _calculator_figures(strategy, world_size)
         assert set(shown) == {"parameters", "gradients", "optimizer state",

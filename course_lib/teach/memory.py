@@ -14,9 +14,15 @@ from torch import nn
 MiB = 2**20
 PARTS = ("parameters", "gradients", "optimizer state", "gathered parameters", "activations")
 STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "FSDP2")
-# Bytes per parameter: the parameter itself, its gradient, the optimizer's state. With "bf16
-# mixed" the optimizer also keeps an fp32 master copy (4 bytes), as in the ZeRO paper's 2+2+12.
-PRECISIONS = {"fp32": (4, 4, 0), "bf16 mixed": (2, 2, 4)}
+# Bytes per parameter, by how training stores it: (the stored parameter, its gradient, extra
+# optimizer state beside the moments, the parameter as the forward computes with it).
+# PyTorch keeps fp32 parameters, gradients and Adam state under bf16: autocast casts each
+# weight to bf16 in the forward and keeps the casts for backward; FSDP2's MixedPrecisionPolicy
+# gathers bf16 units from fp32 shards (_fsdp_api.py: "FSDP ... keeps the high-precision sharded
+# parameters in memory anyway"). The ZeRO paper's 2+2+12 (bf16 weights and gradients, an fp32
+# master copy) is DeepSpeed's bookkeeping, not what a PyTorch wrapper stores.
+PRECISIONS = {"fp32": (4, 4, 0, 4), "bf16 PyTorch": (4, 4, 0, 2),
+              "bf16 DeepSpeed": (2, 2, 4, 2)}
 OPTIMIZERS = {"SGD": 0, "SGD + momentum": 4, "Adam": 8}
 
 
@@ -58,6 +64,7 @@ class Meter:
         self.rss_start = rss()
         self.activations = 0
         self.gathered = 0
+        self.unsharded_grads = 0  # peak bytes of full-size gradients beside the shards
         self.trace: list[tuple[str, int]] = []  # (phase, gathered bytes), the last step
         self.counts: dict[str, int] = {}
 
@@ -66,6 +73,12 @@ class Meter:
         storages = {_storage(p).data_ptr(): _storage(p).nbytes()
                     for p in _module_params(model) if id(p) not in own}
         return sum(storages.values())
+
+    def _unsharded_grads_now(self, model: nn.Module, own: set[int]) -> int:
+        """Bytes of full-size gradients of gathered parameters: FSDP2 holds a unit's until
+        its reduce-scatter (_fsdp_param_group.py, post_backward)."""
+        return sum(nbytes(p.grad) for p in _module_params(model)
+                   if id(p) not in own and p.grad is not None)
 
     @contextlib.contextmanager
     def forward(self, model: nn.Module) -> Iterator[None]:
@@ -80,6 +93,7 @@ class Meter:
             now = self._gathered_now(model, own)
             self.trace.append((phase, now))
             self.gathered = max(self.gathered, now)
+            self.unsharded_grads = max(self.unsharded_grads, self._unsharded_grads_now(model, own))
 
         def pack(t: torch.Tensor) -> Any:
             sample("forward")
@@ -108,6 +122,7 @@ class Meter:
                                    if torch.is_tensor(v)),
             "activations": self.activations,
             "gathered parameters": self.gathered,
+            "unsharded gradients": self.unsharded_grads,
             "rss growth": rss() - self.rss_start,
         }
         return self.counts
@@ -116,9 +131,14 @@ class Meter:
 # -- the textbook prediction -------------------------------------------------------------------
 
 def predict(n_params: int, world_size: int, strategy: str, precision: str = "fp32",
-            optimizer: str = "Adam", unit_params: int = 0) -> dict[str, float]:
-    """Bytes per rank for parameters, gradients, optimizer state and FSDP2's gathered unit
-    (`unit_params`: the parameters of the largest unit gathered at once), by the formula."""
+            optimizer: str = "Adam", unit_params: int = 0,
+            bucket_view: bool = False) -> dict[str, float]:
+    """Bytes per rank for parameters, gradients, optimizer state and the copies of parameters
+    the forward computes with ("gathered parameters": FSDP2's largest unit, `unit_params`,
+    all-gathered; under DDP and ZeRO, autocast's low-precision casts of every weight).
+
+    DDP and ZeRO-1 also hold their gradient buckets, a second copy of the gradients, unless
+    the model was wrapped with `gradient_as_bucket_view=True` (`bucket_view`)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
     if precision not in PRECISIONS or optimizer not in OPTIMIZERS:
@@ -126,14 +146,26 @@ def predict(n_params: int, world_size: int, strategy: str, precision: str = "fp3
                          f"{list(OPTIMIZERS)}, got {precision!r} and {optimizer!r}")
     if n_params <= 0 or world_size <= 0:
         raise ValueError("n_params and world_size must be positive")
-    p, g, master = PRECISIONS[precision]
-    k = master + OPTIMIZERS[optimizer]
+    p, g, master, compute = PRECISIONS[precision]
     n = world_size
     shard = {"DDP": (1, 1, 1), "ZeRO-1": (1, 1, n), "ZeRO-2": (1, n, n), "FSDP2": (n, n, n)}
     sp, sg, so = shard[strategy]
-    return {"parameters": p * n_params / sp, "gradients": g * n_params / sg,
-            "optimizer state": k * n_params / so,
-            "gathered parameters": p * unit_params if strategy == "FSDP2" else 0.0}
+    buckets = g * n_params if strategy in ("DDP", "ZeRO-1") and not bucket_view else 0
+    if strategy == "FSDP2":
+        copies = compute * unit_params
+    else:
+        copies = compute * n_params if compute != p else 0
+    return {"parameters": p * n_params / sp, "gradients": g * n_params / sg + buckets,
+            "optimizer state": (master + OPTIMIZERS[optimizer]) * n_params / so,
+            "gathered parameters": float(copies)}
+
+
+def device_bytes(counts: dict[str, int], offloaded: bool) -> int:
+    """What FSDP leaves on the device at the peak: the sharded parameters, gradients and
+    optimizer state unless CPUOffloadPolicy moved them to the CPU, plus the peaks of gathered
+    parameters and of their full-size gradients (a lower bound: see Meter's sampling)."""
+    sharded = 0 if offloaded else sum(counts[k] for k in PARTS[:3])
+    return sharded + counts["gathered parameters"] + counts.get("unsharded gradients", 0)
 
 
 def model_states(counts: dict[str, float]) -> float:
@@ -216,95 +248,4 @@ def plot_gathered(traces: dict[str, list[tuple[str, int]]], budget: float, title
     ax.set_ylim(0, None)
     ax.set_title(title, fontsize="medium")
     ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return fig
-
-
-def plot_losses(curves: dict[str, list[float]], reference: str):
-    """Left: the loss at each step, one line per run. Right: each run's distance from the
-    reference run, beside float32's resolution (2**-23 relative)."""
-    from course_lib.plots.style import BLACK, LINESTYLES, MARKERS, RANK_COLORS, new_figure
-
-    fig = new_figure(10, 3.4)
-    left, right = fig.subplots(1, 2)
-    want = curves[reference]
-    for i, (name, values) in enumerate(curves.items()):
-        style = {"label": name, "color": RANK_COLORS[i % 7], "linestyle": LINESTYLES[i % 4],
-                 "marker": MARKERS[i % 7], "fillstyle": "none"}
-        steps = range(1, len(values) + 1)
-        left.plot(steps, values, **style)
-        if name != reference:
-            gaps = [max(abs(a - b) / abs(b), 1e-12) for a, b in zip(values, want)]
-            right.plot(steps, gaps, **style)
-    right.axhline(2**-23, color=BLACK, linestyle="--", label="float32 resolution")
-    right.set_yscale("log")
-    left.set_ylabel("loss (mean over the global batch)")
-    right.set_ylabel(f"|loss - {reference}| / loss")
-    for ax in (left, right):
-        ax.set_xlabel("step")
-    left.set_title("Every strategy, every world size", fontsize="medium")
-    right.set_title("Distance from the reference (floor 1e-12 = equal)", fontsize="medium")
-    right.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-    return fig
-
-
-def readable(n_bytes: float) -> str:
-    """Bytes with a binary unit and 4 significant digits: '16.03 MiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n_bytes) < 1024:
-            return f"{n_bytes:.4g} {unit}"
-        n_bytes /= 1024
-    return f"{n_bytes:.4g} TiB"
-
-
-def calculator():
-    """A widget: parameters, world size, strategy, precision, optimizer and the largest unit
-    -> bytes per rank, from `predict`."""
-    import ipywidgets as widgets
-
-    n = widgets.FloatLogSlider(value=7e9, base=10, min=4, max=12, description="parameters")
-    ranks = widgets.IntSlider(value=8, min=1, max=1024, description="world size")
-    strategy = widgets.Dropdown(options=STRATEGIES, value="FSDP2", description="strategy")
-    precision = widgets.Dropdown(options=list(PRECISIONS), value="bf16 mixed",
-                                 description="precision")
-    optimizer = widgets.Dropdown(options=list(OPTIMIZERS), value="Adam", description="optimizer")
-    unit = widgets.FloatSlider(value=3.0, min=0.1, max=100, step=0.1,
-                               description="unit % of model")
-    out = widgets.HTML()
-
-    def redraw(_: object = None) -> None:
-        got = predict(int(n.value), ranks.value, strategy.value, precision.value,
-                      optimizer.value, int(n.value * unit.value / 100))
-        lines = [f"{k}: {readable(v)}" for k, v in got.items()]
-        lines.append(f"<b>per rank, without activations: {readable(sum(got.values()))}</b>")
-        out.value = "<br>".join(lines)
-
-    for w in (n, ranks, strategy, precision, optimizer, unit):
-        w.observe(redraw, "value")
-    redraw()
-    return widgets.VBox([n, ranks, strategy, precision, optimizer, unit, out])
-
-
-
-def plot_planning(n_params: float, unit_share: float = 0.03, precision: str = "bf16 mixed",
-                  optimizer: str = "Adam"):
-    """Predicted GiB per rank (without activations) against the world size, one line per
-    strategy, beside an 80 GiB GPU."""
-    from course_lib.plots.style import HIGHLIGHT, LINESTYLES, MARKERS, RANK_COLORS, new_figure
-
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    fig = new_figure(7, 3.6)
-    ax = fig.subplots()
-    for i, strategy in enumerate(STRATEGIES):
-        gib = [sum(predict(int(n_params), n, strategy, precision, optimizer,
-                           int(n_params * unit_share)).values()) / 2**30 for n in sizes]
-        ax.plot(sizes, gib, label=strategy, color=RANK_COLORS[i], linestyle=LINESTYLES[i],
-                marker=MARKERS[i])
-    ax.axhline(80, color=HIGHLIGHT, linestyle="--", label="an 80 GiB GPU")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sizes, [str(n) for n in sizes])
-    ax.set_yscale("log")
-    ax.set_xlabel("world size (GPUs)")
-    ax.set_ylabel("GiB per rank (no activations)")
-    ax.set_title(f"{n_params / 1e9:g}B parameters, {precision}, {optimizer}", fontsize="medium")
-    ax.legend(fontsize="small")
     return fig
