@@ -1,5 +1,6 @@
 """teach/torchrun.py: commands streamed into the cell, failures quoted, nothing left behind."""
 
+import signal
 import sys
 import time
 
@@ -9,6 +10,7 @@ from course_lib.teach.torchrun import (
     TorchrunFailed,
     error_lines,
     free_ports,
+    node_gpus,
     plot_jobs,
     run,
     start,
@@ -66,3 +68,19 @@ def test_helpers():
     assert error_lines(["a", "b"], most=1) == ["b"]
     jobs = [run(f'{PY} "pass"', echo=False)]
     assert plot_jobs(jobs, "one job").axes[0].get_title() == "one job"
+
+
+def test_stop_on_failure_ends_the_peers_of_a_failed_job():
+    """A node that failed leaves its peers waiting for it: wait() ends them too."""
+    bad = start(f'{PY} "raise SystemExit(3)"', "node 1")
+    waiting = start(f'{PY} "import time; time.sleep(60); print(\'finished\')"', "node 0")
+    with pytest.raises(TorchrunFailed, match="node 1: exit code 3"):
+        wait(waiting, bad, timeout=90, echo=False, stop_on_failure=True)
+    assert waiting.process.returncode == -signal.SIGKILL and "finished" not in waiting.lines
+
+
+def test_node_gpus_gives_each_simulated_node_its_own_gpu_or_none():
+    import torch
+
+    want = "1" if torch.cuda.device_count() >= 2 else ""
+    assert node_gpus(1, 2) == {"CUDA_VISIBLE_DEVICES": want}

@@ -67,6 +67,15 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def node_gpus(node: int, nodes: int) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for "node" `node` of `nodes` simulated on this machine: GPU
+    `node` when there is one per node, else none. Two nodes on one machine would otherwise
+    both see GPU 0 as cuda:0 (LOCAL_RANK 0 on each) and NCCL refuses two ranks on one GPU."""
+    import torch
+
+    return {"CUDA_VISIBLE_DEVICES": str(node) if torch.cuda.device_count() >= nodes else ""}
+
+
 def start(command: str | Sequence[str], label: str = "torchrun",
           env: dict[str, str] | None = None) -> Job:
     """Start `command` (a string is split like a shell would) in its own process group, its
@@ -80,13 +89,15 @@ def start(command: str | Sequence[str], label: str = "torchrun",
     return Job(label, argv, process)
 
 
-def wait(*jobs: Job, timeout: float = 60.0, echo: bool = True) -> list[Job]:
-    """Print the jobs' lines as they come until every job has ended; then (and on a timeout
-    or an interrupt) kill whatever is left of them. Raises TorchrunFailed when a job exited
-    with an error or ran past `timeout` seconds."""
+def wait(*jobs: Job, timeout: float = 60.0, echo: bool = True,
+         stop_on_failure: bool = False) -> list[Job]:
+    """Print the jobs' lines as they come until every job has ended (or, with
+    `stop_on_failure`, until one exits with an error: its peers may wait for it forever);
+    then (and on a timeout or an interrupt) kill whatever is left of them. Raises
+    TorchrunFailed when a job exited with an error or ran past `timeout` seconds."""
     deadline = time.monotonic() + timeout
     try:
-        _stream(jobs, deadline, echo)
+        _stream(jobs, deadline, echo, stop_on_failure)
     finally:
         for job in jobs:
             _kill(job)
@@ -100,7 +111,7 @@ def run(command: str | Sequence[str], label: str = "torchrun",
     return wait(start(command, label, env), timeout=timeout, echo=echo)[0]
 
 
-def _stream(jobs: Sequence[Job], deadline: float, echo: bool) -> None:
+def _stream(jobs: Sequence[Job], deadline: float, echo: bool, stop_on_failure: bool) -> None:
     with selectors.DefaultSelector() as selector:
         for job in jobs:
             selector.register(job.process.stdout, selectors.EVENT_READ, job)
@@ -114,6 +125,8 @@ def _stream(jobs: Sequence[Job], deadline: float, echo: bool) -> None:
                     job.ended = time.monotonic()
                     chunk = b"\n" if job._partial else b""
                 _take(job, chunk, echo, label=len(jobs) > 1)
+                if stop_on_failure and job.ended and job.process.returncode:
+                    return
 
 
 def _take(job: Job, chunk: bytes, echo: bool, label: bool) -> None:
