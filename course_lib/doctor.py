@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 
@@ -40,7 +41,7 @@ def check_python() -> Check:
 def check_packages() -> list[Check]:
     checks = []
     for package, needed in (("torch", True), ("jupyterlab", True), ("ipywidgets", True),
-                            ("matplotlib", True), ("cloudpickle", True), ("nbmake", False)):
+                            ("matplotlib", True), ("cloudpickle", True)):
         version = _version(package)
         status = PASS if version else (FAIL if needed else WARN)
         checks.append(Check(package, status, version or "not installed: run the README's "
@@ -48,10 +49,53 @@ def check_packages() -> list[Check]:
     return checks
 
 
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup"),
+                     own: Path = Path("/proc/self/cgroup")) -> float | None:
+    """The CPU quota of this process's cgroup in cores (a JupyterHub spawner's cpu_limit,
+    docker --cpus), the tightest on the path to the root; None when there is none."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2: cpu.max is "QUOTA PERIOD" or "max PERIOD"
+            limits += _quotas(root, path, lambda d: (d / "cpu.max").read_text().split())
+        elif "cpu" in controllers.split(","):  # v1: cfs_quota_us is -1 without a limit
+            limits += _quotas(root / controllers, path, lambda d: [
+                (d / "cpu.cfs_quota_us").read_text(), (d / "cpu.cfs_period_us").read_text()])
+    return min(limits) if limits else None
+
+
+def _quotas(root: Path, path: str, read: Callable[[Path], list[str]]) -> list[float]:
+    found = []
+    folder = root / path.strip("/")
+    for directory in (folder, *folder.parents):
+        try:
+            quota, period = (part.strip() for part in read(directory))
+        except (OSError, ValueError):
+            quota = period = ""
+        if quota not in ("", "max", "-1") and period:
+            found.append(int(quota) / int(period))
+        if directory == root:
+            break
+    return found
+
+
 def check_cores() -> Check:
-    cores = os.cpu_count() or 1
-    note = "" if cores >= 2 else "; ranks will share one core (slow but works)"
-    return Check("CPU cores", PASS if cores >= 2 else WARN, f"{cores}{note}")
+    """Cores this process may use: the machine's, its CPU affinity and its cgroup quota."""
+    machine = os.cpu_count() or 1
+    usable: float = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else machine
+    limit = cgroup_cpu_limit()
+    detail = f"{usable:g}" + (f" (machine: {machine})" if usable != machine else "")
+    if limit is not None and limit < usable:
+        usable = limit
+        detail = f"{limit:g} (a cgroup CPU limit, as a hub or container sets; machine: {machine})"
+    if usable >= 2:
+        return Check("CPU cores", PASS, detail)
+    return Check("CPU cores", WARN, f"{detail}; ranks share less than 2 cores: lessons run "
+                 "slower (about 2x at 1 core) but work")
 
 
 def check_gpus() -> Check:

@@ -41,3 +41,30 @@ def test_unknown_command_prints_usage():
                          text=True, timeout=60)
     assert out.returncode == 2 and "invalid choice: 'docter'" in out.stderr
     assert "usage: python -m course_lib" in out.stderr
+
+
+def test_the_doctor_reads_a_cgroup_v2_cpu_limit(tmp_path):
+    own = tmp_path / "cgroup"
+    own.write_text("0::/user.slice/learner1\n")
+    (tmp_path / "fs" / "user.slice" / "learner1").mkdir(parents=True)
+    (tmp_path / "fs" / "user.slice" / "learner1" / "cpu.max").write_text("50000 100000\n")
+    (tmp_path / "fs" / "user.slice" / "cpu.max").write_text("max 100000\n")
+    assert doctor.cgroup_cpu_limit(tmp_path / "fs", own) == 0.5
+
+
+def test_the_doctor_reads_a_cgroup_v1_cpu_limit_and_none(tmp_path):
+    own = tmp_path / "cgroup"
+    own.write_text("4:memory:/x\n3:cpu,cpuacct:/docker/abc\n")
+    folder = tmp_path / "fs" / "cpu,cpuacct" / "docker" / "abc"
+    folder.mkdir(parents=True)
+    (folder / "cpu.cfs_quota_us").write_text("200000\n")
+    (folder / "cpu.cfs_period_us").write_text("100000\n")
+    assert doctor.cgroup_cpu_limit(tmp_path / "fs", own) == 2.0
+    (folder / "cpu.cfs_quota_us").write_text("-1\n")
+    assert doctor.cgroup_cpu_limit(tmp_path / "fs", own) is None
+
+
+def test_a_cpu_limit_below_two_cores_is_a_warning(monkeypatch):
+    monkeypatch.setattr(doctor, "cgroup_cpu_limit", lambda: 0.5)
+    check = doctor.check_cores()
+    assert check.status == doctor.WARN and "0.5 (a cgroup CPU limit" in check.detail
