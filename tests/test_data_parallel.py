@@ -117,6 +117,21 @@ def unused_parameter_errors() -> dict[str, str]:
     return messages
 
 
+def backward_twice_without_sync() -> str:
+    model = BucketedDataParallel(nn.Linear(2, 1))
+    model(torch.ones(3, 2)).sum().backward()
+    try:
+        model(torch.ones(3, 2)).sum().backward()  # no finish_gradient_sync() in between
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_a_second_backward_before_the_sync_is_refused():
+    message = launch(backward_twice_without_sync, 2, backend="gloo").results[0]
+    assert message.startswith("backward() ran again before finish_gradient_sync()"), message
+
+
 def test_a_parameter_without_gradient_is_named():
     messages = launch(unused_parameter_errors, 2, backend="gloo").results[0]
     assert set(messages) == {"NaiveDataParallel", "BucketedDataParallel"}

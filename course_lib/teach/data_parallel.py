@@ -163,6 +163,12 @@ class BucketedDataParallel(_Wrapper):
         if not self.require_backward_grad_sync:
             return
         bucket = self._bucket_of[p]
+        if bucket.work is not None:
+            raise RuntimeError(
+                "backward() ran again before finish_gradient_sync() of the one before: "
+                "its all-reduce still uses the bucket. Call finish_gradient_sync() after "
+                "every backward() outside no_sync(); to accumulate, run the earlier "
+                "backwards inside no_sync().")
         bucket.slot(p).copy_(p.grad)
         bucket.ready.add(p)
         if len(bucket.ready) == len(bucket.params):
