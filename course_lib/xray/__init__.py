@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import sys
+import tempfile
 import types
 from collections.abc import Callable
 from typing import Any
@@ -32,19 +33,25 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     from course_lib.launching.cells import cell_name
     from course_lib.xray.detectors import run_all
     from course_lib.xray.observation import Observation
+    from course_lib.xray.record import journaled
     from course_lib.xray.tidy import tidy
-    from course_lib.xray.worker import observed
+    from course_lib.xray.worker import journal_path, observed
 
     launch_kwargs.setdefault("pg_timeout", max(1.0, min(PG_TIMEOUT_MAX_S, timeout / 4)))
     title = title or f"X-ray of {getattr(train_fn, '__name__', 'the function')} on " \
                      f"{world_size} ranks"
     error, run = None, None
-    try:
-        run = launch(functools.partial(observed, train_fn), world_size, timeout=timeout,
-                     **launch_kwargs)
-    except DistributedError as exc:
-        error, run = exc, exc.run
-    obs = Observation.from_run(world_size, run, error, script=title, source=source)
+    with tempfile.TemporaryDirectory(prefix="course_lib-xray-") as journal_dir:
+        try:
+            run = launch(functools.partial(observed, journal_dir, train_fn), world_size,
+                         timeout=timeout, **launch_kwargs)
+        except DistributedError as exc:
+            error, run = exc, exc.run
+        obs = Observation.from_run(world_size, run, error, script=title, source=source)
+        for rank in set(range(world_size)) - set(obs.events):  # killed by a signal
+            events = journaled(journal_path(journal_dir, rank))
+            if events is not None:
+                obs.events[rank] = events
     report = run_all(obs, error_text=tidy(str(error)) if error else "", title=title)
     report.run, report.failure = run, error
     report.findings = [dataclasses.replace(f, where=cell_name(f.where))

@@ -7,6 +7,7 @@ Probes call `note(kind, **fields)`; the x-ray sends `events()` home with the ran
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 import sysconfig
 import time
@@ -25,6 +26,7 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 _events: list[dict[str, Any]] = []
+_journal: dict[str, Any] = {"file": None}
 
 
 def is_own(filename: str) -> bool:
@@ -57,7 +59,42 @@ def note(kind: str, where_: str | None = None, **fields: Any) -> dict[str, Any]:
     event = {"kind": kind, "where": where(2) if where_ is None else where_,
              "t": time.monotonic(), **fields}
     _events.append(event)
+    if _journal_file() is not None:
+        _write_journal(event)
     return event
+
+
+def journal(path: str) -> None:
+    """Also append each event to `path` as it is noted: a rank that a signal kills (gloo's
+    size check aborts it) sends nothing home, but its journal holds its events up to then
+    (as they were noted: a data pass's batches come later and are not in it)."""
+    _journal["file"] = open(path, "ab")  # noqa: SIM115 - open for the rank's life
+    os.register_at_fork(after_in_child=_journal.clear)  # a DataLoader worker: not its file
+
+
+def _journal_file() -> Any:
+    return _journal.get("file")
+
+
+def _write_journal(event: dict[str, Any]) -> None:
+    try:
+        pickle.dump(event, _journal["file"])
+        _journal["file"].flush()  # in the kernel's hands: an abort cannot lose it
+    except Exception:  # noqa: BLE001 - an unpicklable field, a full disk: stop journalling
+        _journal["file"] = None
+
+
+def journaled(path: str) -> list[dict[str, Any]] | None:
+    """The events a rank journaled (None when it journaled none)."""
+    events = []
+    try:
+        with open(path, "rb") as f:
+            while True:
+                events.append(pickle.load(f))
+    except (EOFError, pickle.UnpicklingError):
+        return events or None
+    except OSError:
+        return None
 
 
 def events() -> list[dict[str, Any]]:

@@ -14,13 +14,20 @@ from course_lib.xray.observation import COLLECTOR
 from course_lib.xray.probes import install_all
 
 
-def observed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def observed(journal_dir: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run fn(*args, **kwargs) in this rank with every probe installed; the events go home
-    with the rank's result, or its error, or (a rank the launcher stops) its last words."""
+    with the rank's result, or its error, or (a rank the launcher stops) its last words; a
+    rank killed by a signal leaves them in journal_dir (see journal_path)."""
     record.clear()
     register_collector(COLLECTOR, record.events)
+    record.journal(journal_path(journal_dir, int(os.environ.get("RANK", "0"))))
     install_all()
     return fn(*args, **kwargs)
+
+
+def journal_path(journal_dir: str, rank: int) -> str:
+    """Where a rank journals its events."""
+    return os.path.join(journal_dir, f"rank{rank}.events")
 
 
 def run_script(path: str, argv: list[str], cwd: str = "") -> None:

@@ -23,7 +23,7 @@ def main():
                             num_workers=2)
     model = DDP(torch.nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for epoch in range(2):
+    for _ in range(2):  # epochs
         for x, y in loader:
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x)[:, :1], y).backward()

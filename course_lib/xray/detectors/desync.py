@@ -19,11 +19,14 @@ _LINE = re.compile(r"^(?P<fn>[^,]+), line (?P<line>\d+)")
 def detect(obs: Observation) -> list[Finding]:
     """S1 or X3 when the ranks' collectives part; nothing when they agree."""
     report = obs.desync
-    if report is None or report.first_difference is None:
+    if report is None or (report.first_difference is None and not report.mismatch):
         return []
-    seq = report.first_difference
     if _crashed(obs):
         return []  # a rank's own error ended the run: its peers waited for it, no desync
+    aborted = [r for r in report.mismatch if r in report.missing]
+    if aborted or report.first_difference is None:
+        return _mismatch(obs, report, aborted or report.mismatch)
+    seq = report.first_difference
     calls = {t.rank: t.at(seq) for t in report.traces if t.dumped}
     in_forward = [r for r, c in calls.items() if c and any(k in c.where for k in _DDP_FORWARD)]
     others_elsewhere = [r for r, c in calls.items()
@@ -39,6 +42,37 @@ def detect(obs: Observation) -> list[Finding]:
     # proven to be a different path to a collective: its stack says more.
     certainty = "suspected" if absent and len(stuck) == len(absent) else "confirmed"
     return [finding("S1", report.summary, _where(obs, _branch(report)), certainty)]
+
+
+def _mismatch(obs: Observation, report: DesyncReport, ranks: list[int]) -> list[Finding]:
+    """Gloo's size check aborted a rank, so its recorder is lost: its journaled events say
+    whether it was evaluating through DDP while the others trained (X3), else S1."""
+    evidence = report.summary.split(" Rank(s) ")[0]
+    for rank in ranks:
+        syncs = [e for r, e in obs.of("ddp_buffer_sync") if r == rank]
+        others = [e for r, e in obs.of("ddp_buffer_sync") if r != rank]
+        if syncs and others and not (syncs[-1]["grad"] and syncs[-1]["training"]) \
+                and others[-1]["grad"] and others[-1]["training"]:
+            how = "under no_grad" if not syncs[-1]["grad"] else "in eval mode"
+            return [finding("X3", f"rank {rank}'s last DDP forward ran {how} (an evaluation "
+                                  f"through the DDP wrapper) while the other ranks' ran a "
+                                  f"training step. {evidence}", _last_line(obs, rank))]
+    return [finding("S1", evidence + _last_calls(obs), _last_line(obs, ranks[0]))]
+
+
+def _last_calls(obs: Observation) -> str:
+    """' Each rank's last collective (the x-ray's records): rank 0 all_reduce [17, 1]; ...'"""
+    last = {}
+    for rank, e in obs.of("collective"):
+        last[rank] = f"rank {rank} {e['op']} {', '.join(map(str, e['shapes']))}".strip()
+    return f" Each rank's last collective (the x-ray's records): {'; '.join(last.values())}." \
+        if last else ""
+
+
+def _last_line(obs: Observation, rank: int) -> str:
+    """The aborted rank's last collective's line, from its journaled events."""
+    lines = [e["where"] for r, e in obs.of("collective") if r == rank and e["where"]]
+    return lines[-1] if lines else ""
 
 
 def _evaluating(obs: Observation, rank: int) -> bool:
@@ -71,8 +105,10 @@ def _branch(report: DesyncReport) -> str:
 def _crashed(obs: Observation) -> bool:
     """True when the run's root cause is a rank's own exception (not a peer's failure)."""
     failures = getattr(obs.error, "failures", [])
+    mismatch = obs.desync.mismatch if obs.desync is not None else []
     return bool(failures) and failures[0].kind in ("exception", "exit", "signal") \
-        and not failures[0].is_consequence and not is_collective_error(failures[0].message)
+        and not failures[0].is_consequence and not is_collective_error(failures[0].message) \
+        and failures[0].rank not in mismatch  # gloo's size check: a desync, not a crash
 
 
 def _where(obs: Observation, where: str) -> str:
