@@ -36,7 +36,7 @@ class WithCourseHelpers:
 
 
 class OneFilePerRank:
-    """Each rank writes its own file: no collective needed for the random state."""
+    """Each rank writes its own file, atomically: no collective needed for the random state."""
 
     def __init__(self, folder):
         self.folder = folder
@@ -47,7 +47,8 @@ class OneFilePerRank:
     def save(self, step, ddp_model, optimizer, scheduler):
         torch.save({"step": step, "model": ddp_model.module.state_dict(),
                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                    "rng": torch.get_rng_state()}, self.path())
+                    "rng": torch.get_rng_state()}, self.path() + ".tmp")
+        os.replace(self.path() + ".tmp", self.path())
 
     def load(self, ddp_model, optimizer, scheduler):
         if not os.path.exists(self.path()):
@@ -99,7 +100,8 @@ class RankZeroRng(OneFilePerRank):
             torch.save({"step": step, "model": ddp_model.module.state_dict(),
                         "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()},
-                       os.path.join(self.folder, "ckpt.pt"))
+                       self.path() + ".tmp")
+            os.replace(self.path() + ".tmp", self.path())
         dist.barrier()
 
     def path(self):
@@ -128,6 +130,88 @@ class WeightsOnRankZero(OneFilePerRank):
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
         return state["step"]
+
+
+class RankZeroWrites:
+    """Rank 0 writes every rank's state (`atomic`: temp file + os.replace; `barrier`)."""
+
+    atomic, barrier, inner = True, True, True
+
+    def __init__(self, folder):
+        self.path = os.path.join(folder, "checkpoint.pt")
+
+    def save(self, step, ddp_model, optimizer, scheduler):
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, torch.get_rng_state())
+        if dist.get_rank() == 0:
+            model = ddp_model.module if self.inner else ddp_model
+            state = {"step": step, "model": model.state_dict(), "rng": rng,
+                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+            torch.save(state, self.path + ".tmp" if self.atomic else self.path)
+            if self.atomic:
+                os.replace(self.path + ".tmp", self.path)
+        if self.barrier:
+            dist.barrier()
+
+    def load(self, ddp_model, optimizer, scheduler):
+        if not os.path.exists(self.path):
+            return 0
+        state = torch.load(self.path, map_location="cpu")
+        (ddp_model.module if self.inner else ddp_model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"][dist.get_rank()])
+        return state["step"]
+
+
+class InPlace(RankZeroWrites):
+    """torch.save straight onto the checkpoint (a kill in the middle leaves half a file)."""
+
+    atomic = False
+
+
+class NoBarrier(RankZeroWrites):
+    barrier = False
+
+
+class WrapperKeys(RankZeroWrites):
+    """Saves and loads the DDP wrapper's state_dict: 'module.' in every key."""
+
+    inner = False
+
+
+class EveryRankWrites(RankZeroWrites):
+    """Every rank writes the same file, each through its own temporary file."""
+
+    def save(self, step, ddp_model, optimizer, scheduler):
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, torch.get_rng_state())
+        state = {"step": step, "model": ddp_model.module.state_dict(), "rng": rng,
+                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        tmp = f"{self.path}.tmp{dist.get_rank()}"
+        torch.save(state, tmp)
+        os.replace(tmp, self.path)
+        dist.barrier()
+
+
+def test_accepts_rank_zero_writing_atomically(capsys):
+    accepts(check_resume, RankZeroWrites, capsys)
+
+
+def test_rejects_a_save_in_place_that_a_kill_in_the_middle_damages(capsys):
+    rejects(check_resume, InPlace, "os.replace() it onto the real name", capsys)
+
+
+def test_rejects_a_save_without_a_barrier(capsys):
+    rejects(check_resume, NoBarrier, "End save() with dist.barrier()", capsys)
+
+
+def test_rejects_the_wrappers_keys(capsys):
+    rejects(check_resume, WrapperKeys, "Save ddp_model.module.state_dict()", capsys)
+
+
+def test_rejects_every_rank_writing_the_same_file(capsys):
+    rejects(check_resume, EveryRankWrites, "all wrote checkpoint.pt", capsys)
 
 
 def test_accepts_the_solution(capsys):

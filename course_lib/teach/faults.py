@@ -1,16 +1,20 @@
 """Real faults for lesson 11, injected from inside a launch: a rank SIGKILLed while a file is
-half written, SIGTERM sent to every rank's process group as torchrun sends it, and a per-process
+half written (by a watcher, or from inside torch.save: `SaveSpy`), SIGTERM sent to every
+rank's process group as torchrun sends it, and a per-process
 memory limit under which a large allocation really fails."""
 
 from __future__ import annotations
 
+import io
 import os
 import resource
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 POLL_S = 0.0005
@@ -82,3 +86,64 @@ def limit_memory(extra_bytes: int) -> int:
     cap = address_space() + extra_bytes
     resource.setrlimit(resource.RLIMIT_AS, (cap, resource.RLIM_INFINITY))
     return cap
+
+
+class SaveSpy:
+    """Within `with SaveSpy() as spy:`, this process's torch.save and os.replace/os.rename
+    are watched: `spy.written` lists where each saved file ended up (after any rename), as
+    absolute paths. Set `spy.delay` (seconds) to make each torch.save wait before it writes
+    (a slow disk), or `spy.kill = True` to SIGKILL this process in the middle of the next
+    torch.save, once half of its bytes are on disk."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+        self.delay, self.kill = 0.0, False
+        self._saved: dict[str, Any] = {}
+
+    def __enter__(self) -> SaveSpy:
+        self._saved = {"save": torch.save, "replace": os.replace, "rename": os.rename}
+        torch.save = torch.serialization.save = self._save
+        os.replace, os.rename = self._renamer("replace"), self._renamer("rename")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        torch.save = torch.serialization.save = self._saved["save"]
+        os.replace, os.rename = self._saved["replace"], self._saved["rename"]
+
+    def _save(self, obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        name = self._file_name(f)
+        if name is None:  # into memory (torch pickles some objects this way): not a file
+            self._saved["save"](obj, f, *args, **kwargs)
+            return
+        time.sleep(self.delay)
+        if not self.kill:
+            self._saved["save"](obj, f, *args, **kwargs)
+            self.written.append(name)
+            return
+        buffer = io.BytesIO()
+        self._saved["save"](obj, buffer, *args, **kwargs)
+        half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "wb") as out:
+                out.write(half)
+                out.flush()
+                os.fsync(out.fileno())
+        else:
+            f.write(half)
+            f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @staticmethod
+    def _file_name(f: Any) -> str | None:
+        """The absolute path torch.save(obj, f) writes to; None for an in-memory buffer."""
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
+        return os.path.abspath(name) if isinstance(name, str) else None
+
+    def _renamer(self, which: str) -> Any:
+        def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            self._saved[which](src, dst, *args, **kwargs)
+            if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
+                old = os.path.abspath(os.fspath(src))
+                self.written = [os.path.abspath(os.fspath(dst)) if w == old else w
+                                for w in self.written]
+        return rename
