@@ -40,6 +40,7 @@ class _Tracker:
         self.pending: bool | None = None  # the last forward's sync flag, None: no forward
         self.synced = self.local = self.all_used = self.no_sync = 0
         self.accumulated = 0  # synced backwards since the last zero_grad()
+        self.nonzero_seen = False  # the probe parameter has had a non-zero gradient
         self.unused_noted = False
         self.forward_at = ""  # the learner's line of the first synced forward since the step
 
@@ -71,11 +72,17 @@ class _Tracker:
 
     def restart_if_cleared(self) -> None:
         """A new accumulation when the gradients were cleared without zero_grad()
-        (`p.grad = None`): the probe parameter has no gradient, or a zero one."""
+        (`p.grad = None`, or zeroed in place): the probe parameter has no gradient, or a
+        zero one after it had a non-zero one (a model whose gradients are all zero, e.g.
+        cross-entropy over one output, is not cleared by its own backward)."""
         probe = self.probe() if self.probe is not None else None
-        grad = probe.grad if probe is not None else None
-        if probe is not None and (grad is None or not bool(grad.any())):
+        if probe is None:
+            return
+        grad = probe.grad
+        nonzero = grad is not None and bool(grad.any())
+        if grad is None or (not nonzero and self.nonzero_seen):
             self.accumulated = 0
+        self.nonzero_seen = self.nonzero_seen or nonzero
 
 
 def _numel(ref: weakref.ref) -> int:
