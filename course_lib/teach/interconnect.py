@@ -23,13 +23,14 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 MB = 1e6
+_REAL_ALL_REDUCE = dist.all_reduce  # the course's own all-reduces never go through a patch
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Link:
 
     gbit_per_s: float
     latency_ms: float = 0.5
-    name: str = field(default="", compare=False)
+    name: str = ""  # part of equality: two named links are two queues, two traffic counts
 
     def __post_init__(self) -> None:
         if self.gbit_per_s <= 0 or self.latency_ms < 0:
@@ -134,7 +135,7 @@ def simulated_link(link: "Link | None",
     when `link` would have carried the bucket (None: no link, as fast as loopback)."""
     tensor = bucket.buffer()
     tensor.div_(dist.get_world_size())
-    real = dist.all_reduce(tensor, async_op=True).get_future().then(_first)
+    real = _REAL_ALL_REDUCE(tensor, async_op=True).get_future().then(_first)
     return real if link is None else _on_link(link, tensor, real)
 
 
@@ -174,7 +175,6 @@ class _DelayedWork:
         return True
 
 
-_REAL_ALL_REDUCE = dist.all_reduce
 _ROUTE: dict[str, Link] = {}
 
 
@@ -191,8 +191,12 @@ def _all_reduce_on_link(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group
 def hook_on_link(on: OnLink, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """A DDP comm hook that runs `on.hook` (fp16_compress_hook, powerSGD_hook...) with every
     dist.all_reduce of this rank on `on.link`: the link carries what the hook really sends.
-    It replaces torch.distributed.all_reduce in this process (a rank, which ends soon)."""
-    if on.link is not None:
+    It replaces torch.distributed.all_reduce in this process until a hook_on_link with no
+    link runs (PowerSGD all-reduces again from a callback, after the hook has returned).
+    simulated_link is not affected: it calls the real all-reduce."""
+    if on.link is None:
+        dist.all_reduce = _REAL_ALL_REDUCE
+    else:
         _ROUTE["link"] = on.link
         dist.all_reduce = _all_reduce_on_link
     return on.hook(on.state, bucket)
