@@ -1,18 +1,22 @@
-"""Lesson 15's shared measurements and pictures: samples read twice, the predicted speed-up,
-the loss curves with their divergence marked."""
+"""Lesson 15's shared measurements and pictures: samples read twice, torchrun's per-node
+variables and a sampler split by node, the predicted speed-up, the loss curves with their
+divergence marked."""
 
 import math
+import os
 
 import pytest
 import torch.distributed as dist
 
 from course_lib import launch, telemetry
 from course_lib.teach.case_files import (
+    as_node,
     first_non_finite,
     plot_curves,
     plot_speedup,
     predicted_speedup,
     shared_samples,
+    split_by_node,
 )
 from course_lib.teach.interconnect import Link, predict_step
 
@@ -27,8 +31,28 @@ def _read(overlap):
 
 @pytest.mark.parametrize("overlap", [0, 3])
 def test_shared_samples_counts_indices_read_by_more_than_one_rank(overlap):
-    run = launch(_read, world_size=2, args=(overlap,), echo=False)
+    run = launch(_read, world_size=2, args=(overlap,), echo=False, backend="gloo")
     assert shared_samples(run.telemetry) == overlap
+
+
+def _node_variables():
+    as_node(2)
+    return {k: os.environ[k] for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")}
+
+
+def test_as_node_sets_torchruns_per_node_variables_for_two_nodes():
+    got = launch(_node_variables, world_size=4, echo=False, backend="gloo").results
+    assert [v["LOCAL_RANK"] for v in got] == ["0", "1", "0", "1"]
+    assert [v["GROUP_RANK"] for v in got] == ["0", "0", "1", "1"]
+    assert {v["LOCAL_WORLD_SIZE"] for v in got} == {"2"}
+
+
+def test_split_by_node_finds_ranks_of_equal_local_rank_reading_the_same_samples():
+    halves = [[0, 1], [2, 3], [0, 1], [2, 3]]  # a sampler told the local rank and world size
+    assert split_by_node(halves, nodes=2)
+    assert not split_by_node([[0], [1], [2], [3]], nodes=2)  # a correct split
+    assert not split_by_node([[0, 1]] * 4, nodes=2)  # no sampler at all: the node's ranks agree
+    assert not split_by_node(halves[:2], nodes=1)
 
 
 def test_first_non_finite():

@@ -1,7 +1,9 @@
 """Lesson 15's check accepts the worked fix and a differently written correct one, and
-rejects plausible wrong fixes and wrong lists of pitfalls, each with the hint that names
-what the run showed."""
+rejects plausible wrong fixes (case 4's sampler split by the local rank among them, caught
+at 4 ranks run as 2 nodes) and wrong lists of pitfalls, each with the hint that names what
+the run showed."""
 
+import os
 from contextlib import ExitStack, nullcontext
 
 import pytest
@@ -89,6 +91,14 @@ def printing_on_every_rank(model, optimizer, dataset, checkpoint_path):
     _save(model, checkpoint_path)
 
 
+def sampler_by_local_rank(model, optimizer, dataset, checkpoint_path):
+    """Lesson 15 case 4's bug: the sampler told the machine's GPU count and this GPU."""
+    sampler = DistributedSampler(dataset, num_replicas=int(os.environ["LOCAL_WORLD_SIZE"]),
+                                 rank=int(os.environ["LOCAL_RANK"]))
+    _loop(model, optimizer, DataLoader(dataset, batch_size=BATCH, sampler=sampler))
+    _save(model, checkpoint_path)
+
+
 def no_checkpoint(model, optimizer, dataset, checkpoint_path):
     _loop(model, optimizer, _sampled(dataset))
 
@@ -114,6 +124,8 @@ def test_fixed_train_accepts(fn, capsys):
     (not_divided_by_k, "a learning rate 4 times too large: divide each micro-batch's loss by K"),
     (never_synchronised, "rank 0 made 0 all-reduces for 3 optimizer steps"),
     (no_checkpoint, "no checkpoint at checkpoint_path"),
+    (sampler_by_local_rank, "on 4 ranks: 192 of 192 samples were read by more than one rank (on "
+                            "2 nodes of 2, rank 0 and rank 2 (local rank 0 of each node)"),
     (saved_before_training, "the checkpoint's 0.weight, 0.bias, 2.weight and 2.bias differ"),
 ])
 def test_fixed_train_rejects(fn, hint, capsys):
@@ -133,5 +145,5 @@ def test_pitfalls_named_rejects(named, hint, capsys):
 
 
 def test_the_colleagues_function_shows_its_three_pitfalls_at_both_sizes():
-    for n in (2, 3):
+    for n in (2, 4):
         assert set(findings(run_script(colleague_train, n, FAST))) == {"P03", "P09", "P12"}

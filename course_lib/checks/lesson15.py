@@ -1,13 +1,10 @@
-"""Checks for lesson 15's exercise: fix a colleague's training function (a DataLoader
-without DistributedSampler, accumulation without no_sync(), a checkpoint saved from the
-DDP wrapper), and name the pitfalls it had.
-
-What the check measures on the ranks: which dataset indices every rank read, the
-all-reduces DDP made (a recording comm hook), the optimizer steps, the final weights, and
-the checkpoint rank 0 wrote, loaded into a plain model as evaluation code would. The truth
-is one process doing SGD on the samples the ranks read, step by step, with the mean loss
-over each step's global batch. The same scene also runs under the course's x-ray
-(`course_lib.xray`), whose confirmed findings reject an answer and appear in every hint."""
+"""Checks for lesson 15's exercise: fix a colleague's training function (no
+DistributedSampler, accumulation without no_sync(), a checkpoint saved from the DDP
+wrapper), and name the pitfalls it had. Measured on the ranks: the indices each rank read,
+DDP's all-reduces, the optimizer steps, the final weights, and rank 0's checkpoint loaded
+into a plain model. The truth: one process doing SGD on the mean loss of each step's global
+batch of the samples the ranks read. The same scene also runs under the x-ray, whose
+confirmed findings reject an answer and appear in every hint."""
 
 from __future__ import annotations
 
@@ -34,13 +31,17 @@ from course_lib.checks.common import (
     state_snapshot,
 )
 from course_lib.checks.result import CheckResult
+from course_lib.teach.case_files import as_node, split_by_node
 from course_lib.teach.cases.colleague import BATCH, K, colleague_train
 from course_lib.telemetry import Recorder
 
 SEED = 15
 LR = 0.05
 STEPS = 3  # optimizer steps per rank in one epoch
-WORLD_SIZES = (2, 3)
+WORLD_SIZES = (2, 4)
+# 4 ranks run as 2 nodes of 2 (torchrun's per-node variables set so): on launch's one node
+# the local numbers equal the global ones, and case 4's sampler by LOCAL_RANK would pass.
+NODES = {2: 1, 4: 2}
 CHECKPOINT = "checkpoint.pt"
 NAMES = {"P03": "no DistributedSampler", "P09": "accumulation without no_sync()",
          "P12": "checkpoint saved from the DDP wrapper ('module.' keys)"}
@@ -75,9 +76,10 @@ class RecordingData(Dataset):
         return self.x[index], self.y[index]
 
 
-def _train_on_rank(fn: Callable, folder: str) -> dict[str, Any]:
-    """fn(model, optimizer, dataset, checkpoint_path) on this rank, then the checkpoint
-    loaded into a plain model (as evaluation code would); what it all did."""
+def _train_on_rank(fn: Callable, folder: str, nodes: int = 1) -> dict[str, Any]:
+    """fn(model, optimizer, dataset, checkpoint_path) on this rank, as one of `nodes` nodes,
+    then the checkpoint loaded into a plain model (as evaluation code would); what it did."""
+    as_node(nodes)
     model = DDP(make_model())
     rec = Recorder()
     rec.watch_ddp(model, grads=False)  # one row per all-reduce DDP makes
@@ -104,13 +106,14 @@ def _load_error(path: Path) -> str | None:
 
 
 def run_script(fn: Callable, world_size: int, timeout: float = CHECK_TIMEOUT) -> dict[str, Any]:
-    """Run fn on `world_size` ranks; the ranks' records and the checkpoint rank 0 saved
-    (None when no file was written)."""
+    """Run fn on `world_size` ranks (NODES[world_size] nodes); the ranks' records and the
+    checkpoint rank 0 saved (None when no file was written)."""
     with tempfile.TemporaryDirectory(prefix="lesson15-") as folder:
-        results = on_ranks(_train_on_rank, fn, world_size, (folder,), timeout)
+        results = on_ranks(_train_on_rank, fn, world_size, (folder, NODES[world_size]), timeout)
         path = Path(folder) / CHECKPOINT
         saved = torch.load(path, map_location="cpu") if path.exists() else None
-    return {"ranks": results, "checkpoint": saved, "world_size": world_size}
+    return {"ranks": results, "checkpoint": saved, "world_size": world_size,
+            "nodes": NODES[world_size]}
 
 
 # -- the truth, computed in the kernel ----------------------------------------------------------
@@ -135,8 +138,8 @@ def xray_of(fn: Callable, world_size: int, timeout: float = CHECK_TIMEOUT) -> li
     from course_lib.xray import xray
 
     with tempfile.TemporaryDirectory(prefix="lesson15-xray-") as folder:
-        report = xray(_train_on_rank, world_size, args=(fn, folder), timeout=timeout,
-                      echo=False)
+        report = xray(_train_on_rank, world_size, args=(fn, folder, NODES[world_size]),
+                      timeout=timeout, echo=False)
     return [f for f in report.findings if f.certainty == "confirmed"]
 
 
@@ -157,9 +160,16 @@ def findings(run: dict[str, Any]) -> dict[str, str]:
     readers = Counter(i for result in ranks for i in set(result["reads"]))
     twice = sum(1 for c in readers.values() if c > 1)
     if twice:
+        nodes = run.get("nodes", 1)
+        how = (f"rank 0 read {len(ranks[0]['reads'])}); the DataLoader needs "
+               "sampler=DistributedSampler(dataset)")
+        if split_by_node([r["reads"] for r in ranks], nodes):
+            how = (f"on {nodes} nodes of {n // nodes}, rank 0 and rank {n // nodes} (local rank "
+                   "0 of each node) read the same samples): the sampler was split by the local "
+                   "rank and world size; give DistributedSampler neither, and it takes the "
+                   "global ones from the process group")
         found["P03"] = (f"{twice} of {dataset_size(n)} samples were read by more than one rank "
-                        f"(rank 0 read {len(ranks[0]['reads'])}); the DataLoader needs "
-                        "sampler=DistributedSampler(dataset)")
+                        f"({how}")
     first = ranks[0]
     if first["optimizer_steps"] and first["allreduces"] > first["optimizer_steps"]:
         found["P09"] = (f"rank 0 made {first['allreduces']} all-reduces for "

@@ -1,6 +1,7 @@
 """Lesson 15's case files: the few measurements and pictures the cases share.
 
     shared_samples(run.telemetry)        # how many dataset indices two or more ranks read
+    as_node(2); split_by_node(reads, 2)  # torchrun's per-node variables; a sampler split by node
     plot_curves({"as sent": losses, ...}) # loss curves on a log scale, inf/nan marked
     plot_speedup(nbytes, link, {"4 all-reduces": 4, "1": 1}, measured_s)
                                          # predicted speed-up on N ranks against compute time
@@ -9,10 +10,12 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from typing import Any
 
 import numpy as np
+import torch.distributed as dist
 
 from course_lib.teach.interconnect import Link, predict_step
 
@@ -27,6 +30,27 @@ def shared_samples(tel: Any, epoch: int = 0) -> int:
     return sum(1 for count in readers.values() if count > 1)
 
 
+def as_node(nodes: int) -> None:
+    """Set torchrun's per-node variables as `nodes` nodes of equal size would have them."""
+    rank, per_node = dist.get_rank(), dist.get_world_size() // nodes
+    os.environ.update(LOCAL_RANK=str(rank % per_node), LOCAL_WORLD_SIZE=str(per_node),
+                      GROUP_RANK=str(rank // per_node), NODE_RANK=str(rank // per_node))
+
+
+def split_by_node(reads: list[list[int]], nodes: int) -> bool:
+    """True when, on several nodes, ranks with the same local rank read the same samples and
+    the ranks of one node read different ones: a sampler told the local rank and world size
+    (`reads`: each rank's dataset indices, in rank order)."""
+    if nodes < 2:
+        return False
+    per_node = len(reads) // nodes
+    seen = [set(r) for r in reads]
+    same_local = all(seen[r] == seen[r % per_node] for r in range(len(seen)))
+    disjoint_here = all(not seen[a] & seen[b] for a in range(per_node)
+                        for b in range(a + 1, per_node))
+    return same_local and disjoint_here
+
+
 def first_non_finite(values: list[float]) -> int | None:
     """The index of the first inf or nan in `values`, or None."""
     return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
@@ -35,9 +59,9 @@ def first_non_finite(values: list[float]) -> int | None:
 def plot_curves(curves: dict[str, list[float]], title: str = "",
                 ylabel: str = "loss (mean over the step's batches)"):
     """One line per run on a log scale (a divergence spans orders of magnitude); a run that
-    reached inf or nan ends with a red cross at the top, labelled with its step."""
+    reached inf or nan ends with a cross at the top in its own line's colour, labelled with
+    the run's number and its step."""
     from course_lib.plots.style import (
-        HIGHLIGHT,
         LINESTYLES,
         MARKERS,
         RANK_COLORS,
@@ -45,7 +69,7 @@ def plot_curves(curves: dict[str, list[float]], title: str = "",
         step_axis,
     )
 
-    fig = new_figure(7.5, 3.4)
+    fig = new_figure(8.4, 3.8)
     ax = fig.subplots()
     finite = [v for values in curves.values() for v in values if math.isfinite(v) and v > 0]
     top = max(finite) * 3 if finite else 1.0
@@ -53,20 +77,23 @@ def plot_curves(curves: dict[str, list[float]], title: str = "",
     for i, (name, values) in enumerate(curves.items()):
         end = first_non_finite(values)
         shown = values if end is None else values[:end]
-        ax.plot(range(len(shown)), shown, label=name, color=RANK_COLORS[i % len(RANK_COLORS)],
+        color = RANK_COLORS[i % len(RANK_COLORS)]
+        ax.plot(range(len(shown)), shown, label=name, color=color,
                 linestyle=LINESTYLES[i % len(LINESTYLES)], marker=MARKERS[i % len(MARKERS)],
                 markersize=3)
         if end is not None:
-            ax.plot([end], [top], "x", color=HIGHLIGHT, ms=10, mew=2.5)
-            ax.annotate(f"inf/nan from step {end}", (end, top), textcoords="offset points",
-                        xytext=(8, -12 - 11 * crosses), fontsize="x-small", color=HIGHLIGHT)
+            ax.plot([end], [top], "x", color=color, ms=10, mew=2.5)
+            ax.annotate(f"{name}: inf/nan from step {end}", (end, top),
+                        textcoords="offset points", xytext=(8, -12 - 12 * crosses),
+                        fontsize="small", color=color)
             crosses += 1
     ax.set_yscale("log")
     step_axis(ax)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize="medium")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=2,
+               fontsize="small")
     return fig
 
 
@@ -96,9 +123,9 @@ def plot_speedup(nbytes: int, link: Link, calls: dict[str, int], measured_s: flo
         here = predicted_speedup(measured_s, nbytes, link, n_calls, world_size)
         ax.plot([measured_s * 1e3], [here], MARKERS[i % len(MARKERS)], color=BLACK)
         ax.annotate(f"{here:.1f}x", (measured_s * 1e3, here), textcoords="offset points",
-                    xytext=(6, -10), fontsize="x-small")
+                    xytext=(6, -10), fontsize="small")
     ax.axvline(measured_s * 1e3, color=BLACK, ls=":", lw=1)
-    ax.text(measured_s * 1e3, world_size * 0.02, " compute measured here", fontsize="x-small")
+    ax.text(measured_s * 1e3, world_size * 0.02, " compute measured here", fontsize="small")
     ax.set_xscale("log")
     ax.set_ylim(0, world_size * 1.05)
     ax.axhline(world_size, color="grey", lw=0.8, ls=":")
