@@ -235,3 +235,32 @@ def test_a_memory_limit_makes_a_large_allocation_really_fail():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode != 0
     assert "can't allocate memory" in done.stderr
+
+
+def test_save_spy_follows_a_file_through_its_rename_and_ignores_memory(tmp_path):
+    import io
+
+    from course_lib.teach.faults import SaveSpy
+
+    with SaveSpy() as spy:
+        torch.save({"w": torch.ones(2)}, io.BytesIO())  # in memory: not a file
+        torch.save({"w": torch.ones(2)}, tmp_path / "c.pt.tmp")
+        os.replace(tmp_path / "c.pt.tmp", tmp_path / "c.pt")
+    assert spy.written == [str(tmp_path / "c.pt")]
+    assert torch.save is not spy._save  # put back
+
+
+def test_save_spy_kills_the_process_half_way_through_a_save(tmp_path):
+    code = ("import sys, torch\n"
+            "from course_lib.teach.faults import SaveSpy\n"
+            "with SaveSpy() as spy:\n"
+            "    spy.kill = True\n"
+            "    torch.save({'w': torch.zeros(1 << 16)}, sys.argv[1])\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.pt")], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    full = tmp_path / "full.pt"
+    torch.save({"w": torch.zeros(1 << 16)}, full)
+    half = (tmp_path / "c.pt").stat().st_size / full.stat().st_size
+    assert 0.4 < half < 0.6  # half of an in-memory save, whose zip layout differs a little
+    with pytest.raises(RuntimeError):
+        torch.load(tmp_path / "c.pt")

@@ -24,6 +24,28 @@ def seed_from_env(base_seed):
         seed_fn(base_seed + rank)
 
 
+def seed_like_the_guides(base_seed):
+    """PyTorch's reproducibility notes, cuDNN flags included (they matter on GPUs only)."""
+    seed = base_seed + int(os.environ["RANK"])
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True)
+
+
+def cudnn_flags_instead(base_seed):
+    """The cuDNN flags in place of deterministic algorithms: the CPU embedding backward
+    stays nondeterministic."""
+    seed = base_seed + int(os.environ["RANK"])
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def seed_nothing(base_seed):
     return None
 
@@ -67,7 +89,7 @@ def seed_then_draw(base_seed):
     torch.randn(3)  # a draw after seeding: reproducible, but not the recipe's stream
 
 
-@pytest.mark.parametrize("fn", ["solution", seed_from_env])
+@pytest.mark.parametrize("fn", ["solution", seed_from_env, seed_like_the_guides])
 def test_seed_rank_accepts(fn, capsys):
     fn = solution("seed_rank") if fn == "solution" else fn
     accepts(check_seed_rank, fn, capsys)
@@ -80,6 +102,7 @@ def test_seed_rank_accepts(fn, capsys):
                       "augmentation's Python's random draws on rank 0 changed"),
     (seed_without_numpy, "the augmentation's NumPy draws on rank 0 changed"),
     (seed_not_deterministic, "Call torch.use_deterministic_algorithms(True)"),
+    (cudnn_flags_instead, "Call torch.use_deterministic_algorithms(True)"),
     (seed_rank_only, "rank 0's generators (torch, Python's random, NumPy) are not seeded "
                      "with base_seed + rank = 1234"),
     (seed_then_draw, "are not those of the recipe"),

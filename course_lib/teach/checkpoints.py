@@ -116,13 +116,15 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
 # -- random state -------------------------------------------------------------------------
 
 def rng_state() -> dict[str, Any]:
-    """This process's random state: torch (CPU, and CUDA when present), numpy and Python's
-    random, in types that torch.load(weights_only=True) accepts."""
+    """This process's random state: torch (CPU, and the current GPU's when this process
+    uses CUDA), numpy and Python's random, in types that torch.load(weights_only=True)
+    accepts. A CPU rank on a GPU machine leaves CUDA alone (asking would create a CUDA
+    context on GPU 0 in every rank)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state = {"torch": torch.get_rng_state(),
              "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
              "python": random.getstate()}
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
