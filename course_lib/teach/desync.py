@@ -13,7 +13,7 @@ from typing import Any
 
 from course_lib.launching.desync import DesyncReport
 
-SHOWN = 8  # collectives drawn, at most: the last ones up to the first difference
+SHOWN = 6  # collectives drawn, at most: the last ones up to the first difference
 
 
 def report_of(source: Any) -> DesyncReport:
@@ -29,8 +29,9 @@ def report_of(source: Any) -> DesyncReport:
 
 def plot_desync(source: Any, title: str = ""):
     """Draw the ranks' collectives side by side: a box per collective (its op and shape),
-    a thick outline where the rank was when it ended, an empty dashed box where it issued
-    nothing, and the first difference shaded in the highlight colour."""
+    a thick black outline where the rank was when it ended, an empty dashed box where it
+    issued nothing, and the first difference shaded in the highlight colour (no box face
+    uses a colour near it)."""
     from matplotlib.patches import FancyBboxPatch, Rectangle
 
     from course_lib.plots.style import BLACK, HIGHLIGHT, new_figure
@@ -38,7 +39,7 @@ def plot_desync(source: Any, title: str = ""):
     report = report_of(source)
     seqs = _shown(report)
     ranks = len(report.traces)
-    fig = new_figure(max(7.5, 1.55 * len(seqs) + 2.6), 0.8 * ranks + 1.5)
+    fig = new_figure(max(6.5, 1.05 * len(seqs) + 2.0), 0.85 * ranks + 1.5)
     ax = fig.subplots()
     diff = report.first_difference
     if diff in seqs:
@@ -54,11 +55,11 @@ def plot_desync(source: Any, title: str = ""):
             face = colours.get(call.label, "white") if call else "white"
             ax.add_patch(FancyBboxPatch(
                 (x - 0.44, y - 0.34), 0.88, 0.68, boxstyle="round,pad=0.02",
-                facecolor=face, alpha=1 if call else 0, edgecolor=HIGHLIGHT if blocked else BLACK,
+                facecolor=face, alpha=1 if call else 0, edgecolor=BLACK,
                 linewidth=3 if blocked else 0.8, linestyle="-" if call else "--"))
             text = f"{call.label.replace(' ', chr(10), 1)}\n{_source(call.where)}" if call else (
                 "no dump" if not trace.dumped else "not issued")
-            ax.text(x, y, text, ha="center", va="center", fontsize="x-small",
+            ax.text(x, y, text, ha="center", va="center", fontsize="small",
                     color=BLACK if call else "grey")
         ax.text(len(seqs) - 0.4, y, trace.ended, va="center", fontsize="small")
     ax.set_xlim(-0.6, len(seqs) + 1.4)
@@ -89,9 +90,9 @@ def _shown(report: DesyncReport) -> list[int]:
 
 def _colours(report: DesyncReport, seqs: list[int]) -> dict[str, str]:
     """One colour per distinct collective (op and shape), the same on every lane."""
-    from course_lib.plots.style import BLUE, GREEN, ORANGE, PURPLE, SKY, YELLOW
+    from course_lib.plots.style import BLUE, GREEN, PURPLE, SKY, YELLOW
 
-    palette = (SKY, ORANGE, GREEN, YELLOW, PURPLE, BLUE)
+    palette = (SKY, YELLOW, GREEN, PURPLE, BLUE)  # not orange: the shading is vermilion
     labels = []
     for seq in seqs:
         for trace in report.traces:
@@ -105,5 +106,5 @@ def _title(report: DesyncReport) -> str:
     diff = report.first_difference
     if diff is None:
         return "The ranks issued the same collectives: no desync"
-    return (f"The ranks part at collective #{diff} (shaded).\nThick red outline: the "
+    return (f"The ranks part at collective #{diff} (shaded).\nThick black outline: the "
             "collective a rank was in when it ended.")

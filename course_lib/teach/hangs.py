@@ -78,29 +78,24 @@ def collectives_issued() -> int:
     return max((s["last_enqueued_collective"] for s in status.values()), default=0)
 
 
-def plot_step_costs(ms_per_step: dict[str, float], collectives_per_step: dict[str, float],
-                    steps: dict[str, list[int]]):
-    """Two panels, one row per approach: collectives issued per training step (exact), and
-    milliseconds per step (as measured on this run), labelled with each rank's steps."""
+def plot_step_costs(collectives_per_step: dict[str, float], steps: dict[str, list[int]]):
+    """One bar per approach: collectives issued per training step (counted from the flight
+    recorder, the same in every run), labelled with the steps each rank trained. No time
+    per step: on a tiny model its order changed from run to run (3 orders in 4 repeats)."""
     from course_lib.plots.style import RANK_COLORS, new_figure
 
-    names = list(ms_per_step)
-    fig = new_figure(9.5, 0.6 * len(names) + 1.5)
-    left, right = fig.subplots(1, 2, sharey=True)
+    names = list(collectives_per_step)
+    fig = new_figure(8, 0.6 * len(names) + 1.4)
+    ax = fig.subplots()
     for i, name in enumerate(names):
-        colour = RANK_COLORS[i % len(RANK_COLORS)]
-        left.barh(i, collectives_per_step[name], color=colour)
-        left.text(collectives_per_step[name], i, f" {collectives_per_step[name]:g}",
-                  va="center", fontsize="small")
-        right.barh(i, ms_per_step[name], color=colour)
+        ax.barh(i, collectives_per_step[name], color=RANK_COLORS[i % len(RANK_COLORS)])
         taken = ", ".join(str(n) for n in steps[name])
-        right.text(ms_per_step[name], i, f" {ms_per_step[name]:.2f} ms (steps per rank: {taken})",
-                   va="center", fontsize="small")
-    left.set_yticks(range(len(names)), names)
-    left.invert_yaxis()
-    left.set_xlim(0, max(collectives_per_step.values()) * 1.4)
-    left.set_xlabel("collectives per step (flight recorder)")
-    right.set_xlim(0, max(ms_per_step.values()) * 2.3)
-    right.set_xlabel("time per step, slower rank (ms, this run)")
-    fig.suptitle("What ending uneven inputs together costs each step", fontsize="medium")
+        ax.text(collectives_per_step[name], i,
+                f" {collectives_per_step[name]:.2f} (steps per rank: {taken})",
+                va="center", fontsize="small")
+    ax.set_yticks(range(len(names)), names)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(collectives_per_step.values()) * 1.8)
+    ax.set_xlabel("collectives per training step (flight recorder)")
+    ax.set_title("What ending uneven inputs together costs each step", fontsize="medium")
     return fig
