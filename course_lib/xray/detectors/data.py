@@ -295,8 +295,13 @@ def _x1(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
 
 
 def _window_end(obs: Observation, p: Pass) -> float:
-    """When the next pass of any loader began on this rank (else the end of the run)."""
-    later = [e["t"] for r, e in obs.of("pass") if r == _rank_of(obs, p) and e["t"] > p["t"]]
+    """When this evaluation's results were last in use on its rank: until the next training
+    pass or the next pass of the same loader (else the end of the run). Other evaluation
+    passes in between (imagenet's extra pass over the samples drop_last left out) add to
+    the same numbers."""
+    rank = _rank_of(obs, p)
+    later = [e["t"] for r, e in obs.of("pass") if r == rank and e["t"] > p["t"]
+             and (_training(e) or e["loader"] == p["loader"])]
     return min(later, default=float("inf"))
 
 
