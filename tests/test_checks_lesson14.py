@@ -1,6 +1,7 @@
-"""Lesson 14's check runs the learner's main() under torchrun --standalone at 2 and 3 ranks:
-it accepts the worked solution and a differently written correct main(), and rejects
-plausible wrong ones, each with the hint that names what went wrong."""
+"""Lesson 14's check runs the learner's main() under torchrun as one node of 3 workers and as
+two nodes of 1 worker, and once with train() made to raise: it accepts the worked solution
+and a differently written correct main(), and rejects plausible wrong ones, each with the
+hint that names what this answer did."""
 
 import os
 import sys
@@ -18,8 +19,10 @@ solution, accepts, rejects = check_helpers(NOTEBOOK)
 
 def main_env_defaults():
     dist.init_process_group("gloo")  # env://: reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-    train(sys.argv[1])
-    dist.destroy_process_group()
+    try:
+        train(sys.argv[1])
+    finally:
+        dist.destroy_process_group()
 
 
 def main_no_group():
@@ -52,18 +55,66 @@ def main_own_folder():
     dist.destroy_process_group()
 
 
+def main_local_rank():
+    """Right on one node, where LOCAL_RANK is RANK; on two nodes both workers are rank 0."""
+    dist.init_process_group("gloo", rank=int(os.environ["LOCAL_RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+    train(sys.argv[1])
+    dist.destroy_process_group()
+
+
+def main_local_numbers():
+    dist.init_process_group("gloo", rank=int(os.environ["LOCAL_RANK"]),
+                            world_size=int(os.environ["LOCAL_WORLD_SIZE"]))
+    try:
+        train(sys.argv[1])
+    finally:
+        dist.destroy_process_group()
+
+
+def main_never_destroys():
+    dist.init_process_group("gloo")
+    train(sys.argv[1])
+
+
+def main_no_finally():
+    dist.init_process_group("gloo")
+    train(sys.argv[1])
+    dist.destroy_process_group()  # skipped when train() raises
+
+
+def main_swallows():
+    dist.init_process_group("gloo")
+    try:
+        train(sys.argv[1])
+    except Exception as err:  # noqa: BLE001 (the mistake this answer makes)
+        print("training failed:", err)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("fn", ["solution", main_env_defaults])
 def test_check_main_accepts(fn, capsys):
     accepts(check_main, solution("main") if fn == "solution" else fn, capsys)
 
 
 @pytest.mark.parametrize("fn, hint", [
-    (main_no_group, "at 2 ranks your main_no_group() failed: train() found no process group"),
-    (main_nccl, "the NCCL backend needs GPUs"),
-    (main_two_ranks, "at 3 ranks your main_two_ranks() failed: a rank is out of range for the "
-                     "world size you gave"),
+    (main_no_group, "as one node (3 ranks) your main_no_group() failed: train() found no "
+                    "process group"),
+    (main_nccl, "the NCCL backend needs a GPU for each process of the node"),
+    (main_two_ranks, "passed init_process_group world_size=2 where torchrun set WORLD_SIZE=3 "
+                     "(a number typed in"),
     (main_rank_zero_trains, "every rank must call train(), not only rank 0"),
     (main_own_folder, "train() wrote no final.pt into the folder given on the command line"),
+    (main_local_rank, "as two nodes (2 ranks) your main_local_rank() passed init_process_group "
+                      "rank=0 where torchrun set RANK=1 (that is LOCAL_RANK"),
+    (main_local_numbers, "world_size=1 where torchrun set WORLD_SIZE=2 (that is "
+                         "LOCAL_WORLD_SIZE"),
+    (main_never_destroys, "your main_never_destroys() returned with the process group still "
+                          "initialized: call dist.destroy_process_group()"),
+    (main_no_finally, "when train() raised, your main_no_finally() returned with the process "
+                      "group still initialized"),
+    (main_swallows, "when train() raised, your main_swallows() returned normally"),
 ])
 def test_check_main_rejects(fn, hint, capsys):
     rejects(check_main, fn, hint, capsys)
