@@ -63,6 +63,14 @@ def summed_not_averaged(model, batches, target):
     return _train(model, batches, target, stop)
 
 
+def largest_loss(model, batches, target):
+    def stop(loss, target):
+        largest = loss.detach().clone()
+        dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+        return largest.item() < target
+    return _train(model, batches, target, stop)
+
+
 def decides_after_the_step(model, batches, target):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     steps = 0
@@ -114,6 +122,7 @@ def test_train_until_converged_accepts(fn, capsys):
     (own_loss, "each rank decided on its own loss"),
     (rank0_decides, "is where rank 0's own loss falls below it"),
     (summed_not_averaged, "divide by dist.get_world_size()"),
+    (largest_loss, "not ReduceOp.MAX"),
     (decides_after_the_step, "One step off"),
     (backprops_the_averaged_loss, "every rank stopped after 8 steps; the loss averaged over "
                                   "all ranks first falls below the target at step 12"),
@@ -122,3 +131,10 @@ def test_train_until_converged_accepts(fn, capsys):
 ])
 def test_train_until_converged_rejects(fn, hint, capsys):
     rejects(check_train_until_converged, fn, hint, capsys)
+
+
+def test_the_hang_hint_names_no_victim_as_the_root_cause(capsys):
+    """In the hang every rank times out: the one listed first is a victim like the others."""
+    result = check_train_until_converged(own_loss, timeout=FAST)
+    assert not result.passed and "parted at collective" in result.message
+    assert "root cause" not in result.message

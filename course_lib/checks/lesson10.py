@@ -126,8 +126,15 @@ def _hang_hint(rejected: Rejected) -> str | None:
     return (f"on {failure.world_size} ranks the ranks parted at collective #{k}: "
             f"{'; '.join(doing)}. Some ranks left the loop while others trained on: each rank "
             "decided on its own loss. Decide together: all-reduce the loss (divided by the "
-            "world size) before the `if`, so every rank takes the same branch.\n"
-            f"{failure.details()}")
+            "world size) before the `if`, so every rank takes the same branch."
+            + _time_limit_note(failure))
+
+
+def _time_limit_note(failure: Any) -> str:
+    """The details' time-limit line, without its 'root cause' line: in a hang every rank
+    times out, and the one the launcher lists first is a victim like the others."""
+    lines = failure.details().splitlines()[1:]
+    return "\n" + "\n".join(lines) if lines else ""
 
 
 def _judge(n: int, results: list) -> None:
@@ -158,8 +165,9 @@ def _steps_hint(n: int, got: int, want: int) -> str:
         return f"{base} {got} is where rank 0's own loss falls below it: decide on the mean " \
                "over all ranks, not on one rank's loss."
     if got == named["sum"]:
-        return (f"{base} {got} is where the sum (or the largest) of the ranks' losses falls "
-                "below it: after all_reduce (SUM), divide by dist.get_world_size().")
+        return (f"{base} {got} is where the sum, or the largest, of the ranks' losses falls "
+                "below it: decide on the mean. all_reduce with ReduceOp.SUM (the default) and "
+                "divide by dist.get_world_size(), not ReduceOp.MAX.")
     if abs(got - want) == 1:
         return (f"{base} One step off: check the loss before loss.backward() and "
                 "optimizer.step(), and count only the steps you took.")
