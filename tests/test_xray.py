@@ -14,6 +14,13 @@ import pytest
 from course_lib.xray import cli
 
 CASES = Path(__file__).parent / "xray_cases"
+
+
+def torch_cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
 ROOT = Path(__file__).parent.parent
 
 
@@ -309,3 +316,34 @@ def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):
         '  Cell In[4], line 5, in boom\n  File "train.py", line 2, in f'
     monkeypatch.setattr(IPython, "get_ipython", lambda: None)  # not in a kernel
     assert cell_name("/tmp/ipykernel_7/123.py:5") == "/tmp/ipykernel_7/123.py:5"
+
+
+CANNOT_RUN = {
+    "gpu_only": ("import os, torch\ntorch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n",
+                 "Cannot run here: the script makes a GPU-only call"),
+    "needs_args": ("import argparse\np = argparse.ArgumentParser()\n"
+                   "p.add_argument('--data', required=True)\np.parse_args()\n",
+                   "Cannot run here: the script's own argument parser stopped it (the "
+                   "following arguments are required: --data)"),
+    "spawn_none": ("import torch, torch.multiprocessing as mp\ndef train(rank):\n    pass\n"
+                   "if __name__ == '__main__':\n"
+                   "    mp.spawn(train, nprocs=torch.cuda.device_count())\n",
+                   "Nothing was launched: mp.spawn(train, nprocs=0)"),
+    "exits_early": ("import sys, torch\nif torch.cuda.device_count() < 2:\n"
+                    "    print('need 2 GPUs')\n    sys.exit(0)\n",
+                    "The script did not train: every rank ended normally, after printing "
+                    "'need 2 GPUs'"),
+}
+
+
+@pytest.mark.skipif(torch_cuda_count() > 0, reason="written for a machine without a GPU")
+@pytest.mark.parametrize("name", sorted(CANNOT_RUN))
+def test_a_script_that_cannot_run_here_says_why_first(name, tmp_path, capsys) -> None:
+    source, cause = CANNOT_RUN[name]
+    script = tmp_path / f"{name}.py"
+    script.write_text(source)
+    status = cli.main(["--json", "--timeout", "30", str(script)])
+    report = json.loads(capsys.readouterr().out)
+    assert report["cause"].startswith(cause), report
+    assert status == 2 or report["findings"], report
+    assert report["checked"] == []  # a run that died or never trained proves no absence

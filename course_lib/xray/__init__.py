@@ -31,6 +31,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     failed launch's partial Run), `report.failure` the DistributedError or None."""
     from course_lib.launching import DistributedError, launch
     from course_lib.launching.cells import cell_name
+    from course_lib.xray.cause import cause
     from course_lib.xray.detectors import run_all
     from course_lib.xray.observation import Observation
     from course_lib.xray.record import journaled
@@ -53,7 +54,9 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
             if events is not None:
                 obs.events[rank] = events
     report = run_all(obs, error_text=tidy(str(error)) if error else "", title=title)
-    report.run, report.failure = run, error
+    report.run, report.failure, report.cause = run, error, cause(obs)
+    if error is not None or report.cause:
+        report.checked = []  # a run that died or never trained proves no absence
     report.findings = [dataclasses.replace(f, where=cell_name(f.where))
                        for f in report.findings]
     return report

@@ -56,15 +56,17 @@ class Report:
     not_checked: list[str] = field(default_factory=list)
     error: str = ""
     title: str = "X-ray"
+    cause: str = ""  # why the script did not train here, and what to do (xray/cause.py)
     run: Any = field(default=None, repr=False, compare=False)  # the launch's Run
     failure: Any = field(default=None, repr=False, compare=False)  # its DistributedError
 
     @property
     def exit_status(self) -> int:
-        """1 when a finding is confirmed; else 2 when the run failed; else 0."""
+        """1 when a finding is confirmed; else 2 when the run failed or did not train;
+        else 0."""
         if any(f.confirmed for f in self.findings):
             return 1
-        return 2 if self.error else 0
+        return 2 if self.error or self.cause else 0
 
     @property
     def ids(self) -> list[str]:
@@ -75,6 +77,8 @@ class Report:
                "not_checked": self.not_checked}
         if self.error:
             out["error"] = self.error
+        if self.cause:
+            out["cause"] = self.cause
         return out
 
     def to_json(self) -> str:
@@ -84,12 +88,14 @@ class Report:
     def headline(self) -> str:
         n = len(self.findings)
         failed = " The run failed (the error is below the findings)." if self.error else ""
+        if not n and self.cause:
+            return f"{self.title}: nothing could be checked.{failed}"
         if not n:
             return f"{self.title}: no pitfalls found.{failed}"
         return f"{self.title}: {n} pitfall{'s' if n > 1 else ''} found.{failed}"
 
     def __str__(self) -> str:
-        lines = [self.headline()]
+        lines = [self.cause, self.headline()] if self.cause else [self.headline()]
         for f in self.findings:
             lines += [f"  {f.id} {f.title}  [{f.certainty}]",
                       f"      evidence: {f.evidence}"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-PROBES = ["data", "output", "collectives", "ddp", "optim", "checkpoint", "amp"]
+PROBES = ["data", "output", "collectives", "ddp", "optim", "checkpoint", "amp", "spawn"]
 
 _installed = False
 
