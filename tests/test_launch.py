@@ -1,6 +1,9 @@
 """launch(): results, environment, output and sockets, through real launches."""
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,3 +136,18 @@ def test_debug_level_from_env_reaches_the_process_group():
     run = launch(level, 2, env={"TORCH_DISTRIBUTED_DEBUG": "INFO"}, backend="gloo", echo=False)
     assert run.results == ["DebugLevel.INFO"] * 2
     assert launch(level, 2, backend="gloo", echo=False).results == ["DebugLevel.OFF"] * 2
+
+
+@pytest.mark.parametrize("inherited, worker, tag", [
+    ("abc", "", "abc"),                # plain pytest: the session's own tag
+    ("abc", "gw3", "abc-gw3"),         # an xdist worker: the controller's tag, plus its name
+    ("abc-gw3", "gw3", "abc-gw3"),     # a process that worker started: the same tag, once
+])
+def test_each_xdist_worker_tags_its_own_processes(inherited, worker, tag):
+    """The leak check counts forkserver processes carrying this process's tag only, so that
+    under pytest -n a worker never counts another worker's ranks as left behind."""
+    env = {**os.environ, "COURSE_TEST_SESSION": inherited, "PYTEST_XDIST_WORKER": worker}
+    out = subprocess.run(
+        [sys.executable, "-c", "import os, procs; print(os.environ[procs.SESSION_VAR])"],
+        cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == tag, out.stderr
