@@ -48,7 +48,7 @@ def timeline(tel: Telemetry, steps: Iterable[int] | None = None,
     t0 = min(np.min(t["start"], initial=np.inf) for t in (spans, comms))
     t1 = max(np.max(t["end"], initial=-np.inf) for t in (spans, comms))
     styles = _styles(spans, comms)
-    fig = new_figure(8.4, 1.4 + 1.1 * len(shown))
+    fig = new_figure(8.4, 1.9 + 1.1 * len(shown))
     ax = fig.subplots()
     labels = []
     for i, rank in enumerate(shown):
@@ -60,8 +60,8 @@ def timeline(tel: Telemetry, steps: Iterable[int] | None = None,
     ax.set_xlabel("milliseconds since the first recorded event")
     ax.grid(axis="x", alpha=0.3)
     fig.legend(handles=[Patch(facecolor=c, hatch=h, edgecolor=BLACK, label=n)
-                       for n, (c, h) in styles.items()], loc="outside right upper",
-               fontsize="small")
+                       for n, (c, h) in styles.items()], loc="outside lower center",
+               ncol=4, fontsize="small")
     fig.suptitle("Timeline per rank: what each rank did, and when\n"
                  "Do the all-reduces run during backward? Dotted grey = idle (no span)",
                  fontsize="medium")
@@ -83,12 +83,12 @@ def _styles(spans: Table, comms: Table) -> dict[str, tuple[str, str]]:
 
 
 def _bars(ax, y: float, intervals: list[tuple[float, float]], t0: float, style: tuple,
-          texts: list[str] | None = None) -> None:
+          texts: list[str] | None = None, height: float = LANE_HEIGHT) -> None:
     if not intervals:
         return
     starts, ends = (np.array(v) for v in zip(*intervals))
     color, hatch = style
-    bars = ax.barh(y, (ends - starts) * 1e3, left=(starts - t0) * 1e3, height=LANE_HEIGHT,
+    bars = ax.barh(y, (ends - starts) * 1e3, left=(starts - t0) * 1e3, height=height,
                    color=color, hatch=hatch, edgecolor=BLACK, linewidth=0.5)
     if texts:
         ax.bar_label(bars, texts, label_type="center", fontsize="small")
@@ -106,12 +106,18 @@ def _compute_lane(ax, spans: Table, y: float, t0: float, styles: dict) -> None:
 
 
 def _comm_lane(ax, comms: Table, y: float, t0: float, styles: dict, min_label: float) -> None:
-    """Collectives, each DDP bucket labelled b<index> where its bar is wide enough."""
+    """Collectives, each DDP bucket in its own row of the lane (buckets in flight together
+    do not hide each other), labelled b<index> where its bar is wide enough."""
+    rows_of = sorted({int(b) for b in comms["bucket"]}) or [-1]
+    height = LANE_HEIGHT / len(rows_of)
     for op in comms.unique("op"):
-        rows = comms.where(op=op)
-        wide = (rows["end"] - rows["start"]) >= min_label
-        texts = [f"b{b}" if b >= 0 and w else "" for b, w in zip(rows["bucket"], wide)]
-        _bars(ax, y, list(zip(rows["start"], rows["end"])), t0, styles[op], texts)
+        for row, bucket in enumerate(rows_of):
+            rows = comms.where(op=op, bucket=bucket)
+            wide = (rows["end"] - rows["start"]) >= min_label
+            texts = [f"b{b}" if b >= 0 and w else "" for b, w in zip(rows["bucket"], wide)]
+            middle = y + LANE_HEIGHT / 2 - (row + 0.5) * height
+            _bars(ax, middle, list(zip(rows["start"], rows["end"])), t0, styles[op], texts,
+                  height)
 
 
 def _extent(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
