@@ -8,7 +8,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The model stays on the CPU (a gloo group) on every machine, so autocast and the scaler
+# name the CPU: autocast("cuda") would leave this CPU model's ops in fp32 on a GPU machine.
+DEVICE = "cpu"
 
 
 def make_model():
