@@ -145,7 +145,7 @@ def check_launch() -> list[Check]:
 
     start = time.perf_counter()
     try:
-        run = launch(_smoke, world_size=2, timeout=30, echo=False)
+        run = launch(_smoke, world_size=2, backend="gloo", timeout=30, echo=False)
     except DistributedError as exc:
         return [Check("2-rank launch + all-reduce", FAIL, exc.headline)]
     took = time.perf_counter() - start
