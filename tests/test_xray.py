@@ -294,8 +294,71 @@ def test_a_failing_probe_never_breaks_the_run() -> None:
     events = list(record.events())
     record.clear()
     assert [e["kind"] for e in events] == ["probe_error"]
+    assert events[0]["probe"] == ""  # raised here, not inside a probe module
     report = run_all(Observation(world_size=2, events={0: events, 1: []}))
     assert any("a probe failed on rank 0 (KeyError" in line for line in report.not_checked)
+
+
+def _train_with_a_broken_probe(probe: str) -> None:
+    """A small DDP run that exercises every probe, with record.note raising whenever the
+    named probe module calls it (a bug in that probe's bookkeeping)."""
+    import sys
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from course_lib.xray import record
+
+    real = record.note
+
+    def note(kind, where_=None, **fields):
+        if sys._getframe(1).f_globals["__name__"] == f"course_lib.xray.probes.{probe}":
+            raise RuntimeError(f"broken {probe} probe")
+        return real(kind, where_, **fields)
+
+    record.note = note
+    torch.manual_seed(0)
+    model = DDP(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    sampler = DistributedSampler(data)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in DataLoader(data, batch_size=16, sampler=sampler):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = nn.functional.mse_loss(model(x).float(), y)
+            loss.backward()
+            opt.step()
+    dist.all_reduce(loss.detach())
+    if dist.get_rank() == 0:
+        print(f"loss {loss.item():.3f}")
+    with tempfile.TemporaryDirectory() as folder:
+        torch.save(model.module.state_dict(), f"{folder}/m.pt")
+        model.module.load_state_dict(torch.load(f"{folder}/m.pt"))
+
+
+@pytest.mark.parametrize("probe", ["data", "output", "collectives", "ddp", "optim",
+                                   "checkpoint", "amp"])
+def test_a_broken_probe_says_could_not_check_and_never_breaks_the_run(probe) -> None:
+    """Every probe's bookkeeping runs under record.guard: the run returns, and each id the
+    probe feeds is listed under "Could not check", never judged on missing events."""
+    import functools
+
+    from course_lib import xray
+    from course_lib.xray.probes import FEEDS
+
+    report = xray(functools.partial(_train_with_a_broken_probe, probe), world_size=2,
+                  timeout=60)
+    assert report.failure is None, str(report)
+    for pid in FEEDS[probe]:
+        assert any(line.startswith(f"{pid}: the x-ray's {probe} probe failed on rank")
+                   for line in report.not_checked), str(report)
+        assert pid not in report.ids and not any(c.startswith(pid) for c in report.checked)
 
 
 def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):

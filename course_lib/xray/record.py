@@ -26,6 +26,7 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 _events: list[dict[str, Any]] = []
+_PROBES = "course_lib.xray.probes."
 _journal: dict[str, Any] = {"file": None}
 
 
@@ -110,11 +111,23 @@ def clear() -> None:
 @contextmanager
 def guard() -> Iterator[None]:
     """Around a probe's own bookkeeping: a failure there must never break the learner's
-    run; it is kept as a "probe_error" event (the first one of each kind of error)."""
+    run; it is kept as a "probe_error" event naming the probe module (the first one of
+    each kind of error), and the rules that probe feeds say "could not check"."""
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - any bug of ours: note it, run on
         text = f"{type(exc).__name__}: {exc}"[:200]
         if not any(e["kind"] == "probe_error" and e["error"] == text for e in _events):
             _events.append({"kind": "probe_error", "where": "", "t": time.monotonic(),
-                            "error": text})
+                            "error": text, "probe": _probe_module()})
+
+
+def _probe_module() -> str:
+    """The probe whose bookkeeping failed: "ddp" for course_lib.xray.probes.ddp."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith(_PROBES):
+            return name[len(_PROBES):]
+        frame = frame.f_back
+    return ""

@@ -11,6 +11,7 @@ from types import ModuleType
 
 from course_lib.authoring.pitfalls import PITFALLS
 from course_lib.xray.observation import Observation
+from course_lib.xray.probes import FEEDS
 from course_lib.xray.report import Report
 
 DETECTORS = ["data", "output", "desync", "model", "checkpoint", "amp"]
@@ -32,6 +33,17 @@ def modules() -> list[ModuleType]:
     return found
 
 
+def _broken_probes(obs: Observation) -> dict[str, str]:
+    """Each id a failed probe feeds, with why it could not be judged: a broken probe's
+    missing events must never read as the learner's code doing something (or not)."""
+    out: dict[str, str] = {}
+    for rank, e in obs.of("probe_error"):
+        for pid in FEEDS.get(e.get("probe", ""), ()):
+            out.setdefault(pid, f"the x-ray's {e['probe']} probe failed on rank {rank} "
+                                f"({e['error']})")
+    return out
+
+
 def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Report:
     """Every detector's findings on `obs`, with what was checked and what was not."""
     findings, not_checked, checks = [], [], []
@@ -40,9 +52,13 @@ def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Rep
         checks += module.CHECKS
         if hasattr(module, "not_checked"):
             not_checked += module.not_checked(obs)
+    broken = _broken_probes(obs)
+    findings = [f for f in findings if f.id not in broken]
+    not_checked += [f"{pid}: {why}" for pid, why in broken.items()]
     for rank, e in obs.of("probe_error"):
-        not_checked.append(f"x-ray: a probe failed on rank {rank} ({e['error']}); what it "
-                           "watches may be incomplete")
+        if not FEEDS.get(e.get("probe", "")):
+            not_checked.append(f"x-ray: a probe failed on rank {rank} ({e['error']}); what it "
+                               "watches may be incomplete")
     ids = {f.id for f in findings}
     hidden = set().union(*(EXPLAINS.get(i, set()) for i in ids))
     findings = sorted((f for f in findings if f.id not in hidden), key=lambda f: not f.confirmed)

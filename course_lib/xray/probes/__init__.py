@@ -10,6 +10,12 @@ import importlib
 
 PROBES = ["data", "output", "collectives", "ddp", "optim", "checkpoint", "amp", "spawn"]
 
+# The pitfall ids each probe's events feed: a probe that failed makes them unjudged.
+FEEDS = {"data": ("P03", "P04", "P18", "P20", "X1", "X2"), "output": ("P16", "X2"),
+         "collectives": ("S1", "X1", "X2", "X3"), "ddp": ("P05", "P09", "P10", "X3"),
+         "optim": ("P08", "P09", "S3"), "checkpoint": ("P12", "P15"), "amp": ("S3",),
+         "spawn": ()}
+
 _installed = False
 
 

@@ -21,9 +21,8 @@ _seen: set[tuple[str, str, bool]] = set()
 
 
 def install() -> None:
-    """Patch autocast.__enter__ and GradScaler's constructor, scale() and step()."""
+    """Patch autocast.__enter__ and GradScaler's scale() and step()."""
     autocast.__enter__ = _enter(autocast.__enter__)
-    GradScaler.__init__ = _scaler_init(GradScaler.__init__)
     GradScaler.scale = _scale(GradScaler.scale)
     GradScaler.step = _step(GradScaler.step)
 
@@ -31,33 +30,33 @@ def install() -> None:
 def _enter(real: Any) -> Any:
     @functools.wraps(real)
     def enter(self: autocast) -> Any:
-        enabled = bool(getattr(self, "_enabled", False))
-        dtype = str(getattr(self, "fast_dtype", "")).replace("torch.", "")
-        training = torch.is_grad_enabled()
-        key = (str(getattr(self, "device", "")), dtype, training)
-        if enabled and key not in _seen:
-            _seen.add(key)
-            record.note("autocast", device=key[0], dtype=dtype, training=training)
-        if enabled and training and dtype == "float16":
-            optim._amp["fp16_training"] = True
+        with record.guard():
+            _note_autocast(self)
         return real(self)
     return enter
 
 
-def _scaler_init(real: Any) -> Any:
-    @functools.wraps(real)
-    def init(self: GradScaler, *args: Any, **kwargs: Any) -> None:
-        real(self, *args, **kwargs)
-        record.note("grad_scaler", enabled=bool(self._enabled))
-    return init
+def _note_autocast(self: autocast) -> None:
+    """Note each (device, dtype, training) autocast once; fp16 training for the optimizer
+    probe, which then counts the gradients' zeros."""
+    enabled = bool(getattr(self, "_enabled", False))
+    dtype = str(getattr(self, "fast_dtype", "")).replace("torch.", "")
+    training = torch.is_grad_enabled()
+    key = (str(getattr(self, "device", "")), dtype, training)
+    if enabled and key not in _seen:
+        _seen.add(key)
+        record.note("autocast", device=key[0], dtype=dtype, training=training)
+    if enabled and training and dtype == "float16":
+        optim._amp["fp16_training"] = True
 
 
 def _scale(real: Any) -> Any:
     @functools.wraps(real)
     def scale(self: GradScaler, outputs: Any) -> Any:
-        if self._enabled and not getattr(self, "_xray_scaled", False):
-            self._xray_scaled = True
-            record.note("scaler_scale")
+        with record.guard():
+            if self._enabled and not getattr(self, "_xray_scaled", False):
+                self._xray_scaled = True
+                record.note("scaler_scale")
         return real(self, outputs)
     return scale
 
@@ -68,7 +67,8 @@ def _step(real: Any) -> Any:
              **kwargs: Any) -> Any:
         before = getattr(optimizer, "_xray_steps", 0)
         out = real(self, optimizer, *args, **kwargs)
-        if getattr(optimizer, "_xray_steps", 0) == before:
-            optim.skipped_step(optimizer)
+        with record.guard():
+            if getattr(optimizer, "_xray_steps", 0) == before:
+                optim.skipped_step(optimizer)
         return out
     return step

@@ -73,23 +73,29 @@ def _size(path: str) -> int:
 def _save(real: Any) -> Any:
     @functools.wraps(real)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
-        path = "" if _from_torch() else file_of(f)
-        if not path:
-            return real(obj, f, *args, **kwargs)
-        prefixed, keys = prefixed_keys(obj)
-        event = record.note("save", path=path, prefixed=prefixed, keys=keys)
+        event: dict[str, Any] = {}
+        with record.guard():
+            path = "" if _from_torch() else file_of(f)
+            if path:
+                prefixed, keys = prefixed_keys(obj)
+                event = record.note("save", path=path, prefixed=prefixed, keys=keys)
         real(obj, f, *args, **kwargs)
-        event.update(t_end=time.monotonic(), size=_size(path), **_sync_points())
+        if event:
+            with record.guard():
+                event.update(t_end=time.monotonic(), size=_size(path), **_sync_points())
     return save
 
 
 def _load(real: Any) -> Any:
     @functools.wraps(real)
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
-        path = "" if _from_torch() else file_of(f)
-        if not path:
+        event: dict[str, Any] = {}
+        with record.guard():
+            path = "" if _from_torch() else file_of(f)
+            if path:
+                event = record.note("load", path=path, size=_size(path), **_sync_points())
+        if not event:
             return real(f, *args, **kwargs)
-        event = record.note("load", path=path, size=_size(path), **_sync_points())
         try:
             out = real(f, *args, **kwargs)
         except Exception as exc:
@@ -103,14 +109,12 @@ def _load(real: Any) -> Any:
 def _load_state_dict(real: Any) -> Any:
     @functools.wraps(real)
     def load_state_dict(self: nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-        if _from_torch():
+        event: dict[str, Any] = {}
+        with record.guard():
+            if not _from_torch():
+                event = _note_load_state_dict(self, state_dict, args, kwargs)
+        if not event:
             return real(self, state_dict, *args, **kwargs)
-        prefixed, keys = prefixed_keys(state_dict)
-        strict = kwargs.get("strict", args[0] if args else True)
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        event = record.note("load_state_dict", module=type(self).__name__,
-                            wrapper=isinstance(self, DDP), prefixed=prefixed, keys=keys,
-                            strict=bool(strict))
         try:
             out = real(self, state_dict, *args, **kwargs)
         except Exception as exc:
@@ -120,3 +124,14 @@ def _load_state_dict(real: Any) -> Any:
                      unexpected=len(getattr(out, "unexpected_keys", [])))
         return out
     return load_state_dict
+
+
+def _note_load_state_dict(module: nn.Module, state_dict: Any, args: tuple,
+                          kwargs: dict) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    prefixed, keys = prefixed_keys(state_dict)
+    strict = kwargs.get("strict", args[0] if args else True)
+    return record.note("load_state_dict", module=type(module).__name__,
+                       wrapper=isinstance(module, DDP), prefixed=prefixed, keys=keys,
+                       strict=bool(strict))

@@ -148,12 +148,10 @@ def take_counts(params: list[torch.Tensor]) -> dict[str, Any]:
 def _zero_grad(real: Any, params_of: Any) -> Any:
     @functools.wraps(real)
     def zero_grad(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with record.guard():
             for tracker in _trackers(params_of(self)) if _live else []:
                 tracker.settle(keep_waiting=True)
                 tracker.accumulated = 0
-        except Exception:  # noqa: BLE001 - the probe must never break the learner's step
-            pass
         return real(self, *args, **kwargs)
     return zero_grad
 
@@ -163,10 +161,8 @@ def _ddp_init(real: Any) -> Any:
     def init(self: DDP, module: nn.Module, *args: Any, **kwargs: Any) -> None:
         where = record.where(2)
         real(self, module, *args, **kwargs)
-        try:
+        with record.guard():
             _watch(self, where)
-        except Exception:  # noqa: BLE001 - the probe must never break the learner's model
-            return
     return init
 
 
@@ -208,10 +204,8 @@ def _ddp_forward(real: Any) -> Any:
     def forward(self: DDP, *args: Any, **kwargs: Any) -> Any:
         tracker = getattr(self, "_xray", None)
         if tracker is not None:
-            try:
+            with record.guard():
                 _before_forward(self, tracker)
-            except Exception:  # noqa: BLE001 - the probe must never break the forward
-                pass
         return real(self, *args, **kwargs)
     return forward
 
@@ -240,11 +234,17 @@ def _no_sync(real: Any) -> Any:
 def _bn_forward(real: Any) -> Any:
     @functools.wraps(real)
     def forward(self: _BatchNorm, input: torch.Tensor) -> torch.Tensor:
-        if self.training and torch.is_grad_enabled() and input.dim() >= 2:
-            batch = int(input.shape[0])
-            if batch > getattr(self, "_xray_batch", 0):
-                self._xray_batch = batch
-                record.note("batchnorm", layer=getattr(self, "_xray_name", ""),
-                            cls=type(self).__name__, batch=batch, layer_id=id(self))
+        with record.guard():
+            _note_batchnorm(self, input)
         return real(self, input)
     return forward
+
+
+def _note_batchnorm(self: _BatchNorm, input: torch.Tensor) -> None:
+    """Note a training BatchNorm layer's largest batch so far."""
+    if self.training and torch.is_grad_enabled() and input.dim() >= 2:
+        batch = int(input.shape[0])
+        if batch > getattr(self, "_xray_batch", 0):
+            self._xray_batch = batch
+            record.note("batchnorm", layer=getattr(self, "_xray_name", ""),
+                        cls=type(self).__name__, batch=batch, layer_id=id(self))
