@@ -49,7 +49,7 @@ def plot_sync_cost(costs: dict[str, dict[str, float]], title: str = ""):
     """Three panels, one bar per run: all-reduces, MB and milliseconds per optimizer step."""
     from course_lib.plots.style import HATCHES, RANK_COLORS, new_figure
 
-    fig = new_figure(10, 3.0)
+    fig = new_figure(8.4, 3.0)
     panels = (("allreduces", "all-reduces", "{:.0f}", 1), ("mb", "MB all-reduced", "{:.2f}", 1),
               ("seconds", "milliseconds", "{:.1f}", 1e3))
     names = list(costs)
@@ -101,7 +101,7 @@ def plot_allreduces_per_step(tel: Any, title: str):
         bars = ax.bar([s + (i - (len(tel.ranks) - 1) / 2) * width for s in steps], calls,
                       width, label=f"rank {rank}", **rank_bar_style(rank))
         ax.bar_label(bars, [f"{c} ({m:.1f} MB)" for c, m in zip(calls, sent)],
-                     fontsize="x-small")
+                     fontsize="small")
     ax.set_ylim(0, max(1, ax.get_ylim()[1]) * 1.25)
     step_axis(ax)
     ax.set_xlabel("optimizer step")
@@ -180,7 +180,7 @@ def plot_accumulation_grid(grid: dict[tuple[str, int, float], dict[str, float]])
     ax.set_xlabel("k, micro-batches per optimizer step")
     ax.set_ylabel("ms per optimizer step")
     ax.set_title("Time per optimizer step (real runs, simulated link)")
-    ax.legend(fontsize="x-small", ncol=len(links))
+    ax.legend(fontsize="small", ncol=len(links))
     return fig
 
 

@@ -52,7 +52,7 @@ def _draw_layout(ax: Any, y: float, sizes: list[int], calls: int) -> None:
         bar = ax.barh(y, mb, left=left, color=(SKY, ORANGE)[i % 2], hatch=("", "//")[i % 2],
                       edgecolor=BLACK, height=0.6)
         if mb > 0.6:
-            ax.bar_label(bar, [f"{mb:.2f}"], label_type="center", fontsize="x-small")
+            ax.bar_label(bar, [f"{mb:.2f}"], label_type="center", fontsize="small")
         left += mb
     ax.text(left + 0.15, y, f"{calls} all-reduce{'s' if calls != 1 else ''} per step",
             va="center", fontsize="small")
@@ -66,7 +66,7 @@ def plot_bucket_layouts(layouts: dict[Any, dict[str, Any]]):
     from course_lib.plots.style import new_figure
 
     caps = list(layouts)
-    fig = new_figure(9, 1.0 + 0.55 * len(caps))
+    fig = new_figure(8.4, 1.0 + 0.55 * len(caps))
     ax = fig.subplots()
     for row, cap in enumerate(caps):
         _draw_layout(ax, -row, layouts[cap]["buckets"], layouts[cap]["calls"][-1])
@@ -87,7 +87,7 @@ def plot_bucket_layout(layouts: dict[Any, dict[str, Any]], cap: Any):
     if cap not in layouts:
         raise ValueError(f"no run with bucket_cap_mb={cap!r}; this run has {list(layouts)}")
     sizes, calls = layouts[cap]["buckets"], layouts[cap]["calls"]
-    fig = new_figure(9, 2.4)
+    fig = new_figure(8.4, 2.4)
     ax = fig.subplots()
     _draw_layout(ax, 0, sizes, calls[-1])
     limit = DEFAULT_FIRST_BUCKET_MB if cap is None else cap

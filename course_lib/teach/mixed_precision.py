@@ -132,7 +132,7 @@ def plot_grad_histograms(runs: dict[str, list[torch.Tensor]], bins: int = 40):
 
     from course_lib.plots.style import HIGHLIGHT, new_figure, rank_bar_style, rank_style
 
-    fig = new_figure(4.6 * len(runs), 3.6)
+    fig = new_figure(min(8.4, 4.2 * len(runs)), 4.0)  # at most JupyterLab's output width
     axes = np.atleast_1d(fig.subplots(1, len(runs), sharey=True))
     every = torch.cat([g[g > 0] for grads in runs.values() for g in grads])
     low = min(np.log10(FP16_TINY) - 2, float(every.log10().min()) if every.numel() else -9)
@@ -158,7 +158,7 @@ def plot_grad_histograms(runs: dict[str, list[torch.Tensor]], bins: int = 40):
         ax.set_xlim(zero_at - 0.6, high)
         ax.set_xlabel("|gradient| (log scale; left bars: exactly 0)")
         ax.set_title(name, fontsize="medium")
-        ax.legend(fontsize="x-small", loc="best")
+        ax.legend(fontsize="small", loc="best")
     axes[0].set_ylabel("parameters")
     return fig
 
