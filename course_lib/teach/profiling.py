@@ -22,6 +22,9 @@ import numpy as np
 COMPUTE = ("forward", "backward", "optimizer")  # spans in which a rank computes
 DATA = "data"  # the span in which a rank waits for its next batch
 CATEGORIES = ("compute", "data", "communication", "wait")
+# The breakdown's "wait" is not the timeline's "wait for all-reduce" span (the rest of
+# loss.backward()): it is time inside an all-reduce before the last rank called it.
+LEGEND = {"wait": "waiting for the last rank"}
 
 
 def time_breakdown(tel: Any, skip: int = 0) -> dict[int, dict[str, float]]:
@@ -156,7 +159,8 @@ def _breakdown_axes(ax: Any, ms: dict[int, dict[str, float]], step_ms: float,
             color, hatch = styles[name]
             y = -i + 0.4 - (j + 0.5) * height  # compute on top, wait at the bottom
             bar = ax.barh(y, ms[rank][name], height, color=color, hatch=hatch,
-                          edgecolor=BLACK, linewidth=0.5, label=name if i == 0 else None)
+                          edgecolor=BLACK, linewidth=0.5,
+                          label=LEGEND.get(name, name) if i == 0 else None)
             share = ms[rank][name] / step_ms
             ax.bar_label(bar, [f"{ms[rank][name]:.0f} ms ({share:.0%})"], fontsize="small",
                          padding=2)
