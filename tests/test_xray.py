@@ -39,10 +39,26 @@ def expected_suspicions(path: Path) -> set[str]:
     return {i[:-1] for i in ids if i.endswith("?")}
 
 
+def header(path: Path, key: str) -> list[str]:
+    """The words of a case's `# key: ...` line among its leading comment lines."""
+    for line in path.read_text().splitlines():
+        if not line.startswith("# "):
+            break
+        if line.startswith(f"# {key}:"):
+            return line.split(":", 1)[1].split()
+    return []
+
+
 def case_args(path: Path) -> list[str]:
-    """Extra CLI arguments a case asks for on its second line: `# xray: --nproc-per-node 3`."""
-    second = (path.read_text().splitlines() + ["", ""])[1]
-    return second.split(":", 1)[1].split() if second.startswith("# xray:") else []
+    """Extra CLI arguments a case asks for: `# xray: --nproc-per-node 3`."""
+    return header(path, "xray")
+
+
+def rule_ids() -> set[str]:
+    """Every id some detector judges (its module's CHECKS)."""
+    from course_lib.xray.detectors import modules
+
+    return {pid for module in modules() for pid in module.CHECKS}
 
 
 def run_case(path: Path, capsys) -> tuple[dict, int]:
@@ -62,12 +78,28 @@ def test_case(path: Path, capsys, tmp_path, monkeypatch) -> None:
     if not want and not maybe:  # a correct script: no finding at all, not even a suspicion
         assert report["findings"] == [], json.dumps(report, indent=1)
         assert status == 0 and report["checked"]
+        checked = {line.split()[0] for line in report["checked"]}
+        assert set(header(path, "checks")) <= checked, json.dumps(report, indent=1)
     elif want:
         assert status == 1
     else:
         assert maybe <= suspected and status == 0, json.dumps(report, indent=1)
     for f in report["findings"]:
         assert f["evidence"] and f["lesson"].startswith("notebooks/"), f
+
+
+def test_every_rule_has_a_buggy_and_a_correct_case() -> None:
+    """Each id a detector judges is expected by a bad_ case and checked by a good_ case
+    (`# checks:`, verified when test_case runs it); each probe's FEEDS names known ids."""
+    from course_lib.xray.probes import FEEDS, PROBES
+
+    bad = {pid for p in CASES.glob("bad_*.py") for pid in expected(p) | expected_suspicions(p)}
+    good = {pid for p in CASES.glob("good_*.py") for pid in header(p, "checks")}
+    rules = rule_ids()
+    assert not rules - bad, f"rules without a buggy case: {sorted(rules - bad)}"
+    assert not rules - good, f"rules no correct case checks: {sorted(rules - good)}"
+    assert bad | good <= rules, f"cases name unknown rules: {sorted((bad | good) - rules)}"
+    assert set(FEEDS) == set(PROBES) and set().union(*FEEDS.values()) <= rules
 
 
 def test_command_line_json_and_exit_status() -> None:

@@ -1,4 +1,5 @@
 # expect: none
+# checks: P05
 """Plain BatchNorm with 64 samples per rank (enough for stable batch statistics), and an
 evaluation in eval mode with small batches (running statistics, no batch statistics)."""
 import torch

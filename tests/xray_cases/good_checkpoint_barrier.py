@@ -1,4 +1,5 @@
 # expect: none
+# checks: P15
 """Checkpointing done right: rank 0 saves the unwrapped model's state_dict, a barrier waits
 for the file, then every rank loads it with map_location into the wrapped model's module."""
 import os

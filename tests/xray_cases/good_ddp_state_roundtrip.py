@@ -1,4 +1,5 @@
 # expect: none
+# checks: P12
 """A checkpoint of the DDP wrapper's state_dict ('module.' keys) loaded back into the
 wrapper, and each rank's own RNG state saved to and loaded from its own file."""
 import os

@@ -1,4 +1,5 @@
 # expect: none
+# checks: X2
 """Sharded evaluation done right: 64 samples (no padding on 2 ranks), counts all-reduced,
 printed once on rank 0; training with DistributedSampler and set_epoch."""
 

@@ -1,4 +1,5 @@
 # expect: none
+# checks: P10
 """find_unused_parameters=True where it is needed: the auxiliary head runs only on every
 other step, so some parameters get no gradient in some iterations."""
 import os

@@ -1,4 +1,5 @@
 # expect: none
+# checks: S3
 """Mixed precision with fp16 autocast and a GradScaler: a head predicting small residual
 corrections over 64x64 maps; the scaled loss keeps its gradients above fp16's range."""
 import os

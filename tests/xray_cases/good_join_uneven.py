@@ -1,4 +1,5 @@
 # expect: none
+# checks: P20
 """Shards of unequal size trained under model.join(): the rank that runs out of batches
 shadows the others' all-reduces, so nothing hangs."""
 

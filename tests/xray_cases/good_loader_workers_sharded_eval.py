@@ -1,5 +1,6 @@
 # expect: none
 # xray: --nproc-per-node 3
+# checks: P03 P04 X1 X2
 """DataLoader worker processes on 3 ranks, done right: DistributedSampler with set_epoch, a
 sharded evaluation whose counts are summed over the ranks before rank 0 prints them."""
 

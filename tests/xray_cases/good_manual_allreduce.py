@@ -1,5 +1,6 @@
 # expect: none
 # xray: --nproc-per-node 3
+# checks: P08
 """Data parallel by hand, done right: rank 0's initial weights are broadcast to every rank,
 and gradients are averaged with one all_reduce per parameter before each step."""
 import os

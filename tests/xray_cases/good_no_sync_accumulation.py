@@ -1,4 +1,5 @@
 # expect: none
+# checks: P09
 """Gradient accumulation done right: forward and backward of the first k-1 micro-batches
 inside no_sync(), so gradients are all-reduced once per optimizer step."""
 import contextlib

@@ -1,4 +1,5 @@
 # expect: none
+# checks: S1 X3
 """Rank 0 evaluates the unwrapped model (model.module) under no_grad: no collective, no hang."""
 
 import os

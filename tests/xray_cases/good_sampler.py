@@ -1,5 +1,6 @@
 # expect: none
 # xray: --nproc-per-node 3
+# checks: P03 P04 P18
 """A correct torchrun-style script: DistributedSampler, set_epoch, logs on rank 0 only."""
 
 import os

@@ -1,4 +1,5 @@
 # expect: none
+# checks: P03 P04 P16
 """A typical DDP training script: sharded data with set_epoch, AdamW with a schedule,
 gradient clipping, bf16 autocast, an evaluation reduced over ranks, and a checkpoint
 per epoch written by rank 0 behind a barrier."""
