@@ -47,6 +47,13 @@ DESYNC_REPORT_DEFAULT = True
 OUTPUT_TAIL_LINES = 8
 
 
+# The collective timeout's ceiling, the one home of the number: launch's default is
+# min(this, timeout - 1), so that a hung collective fails (and is reported) before the
+# launch's own timeout stops the ranks; the x-ray uses min(this, timeout / 4) (its reason
+# is in course_lib/xray/__init__.py).
+PG_TIMEOUT_MAX_S = 30.0
+
+
 def launch(
     fn: Callable[..., Any],
     world_size: int = 2,
@@ -75,7 +82,7 @@ def launch(
     backend = choose_backend(backend, world_size)
     payload = pack(fn, args, kwargs)
     if pg_timeout is None:
-        pg_timeout = max(1.0, min(30.0, timeout - 1.0))
+        pg_timeout = max(1.0, min(PG_TIMEOUT_MAX_S, timeout - 1.0))
     check_seconds("pg_timeout", pg_timeout)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(net.free_loopback_port()), **env}
     if desync_report:

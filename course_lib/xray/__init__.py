@@ -19,10 +19,6 @@ from course_lib.xray.report import Finding, Report, finding
 
 __all__ = ["xray", "Report", "Finding", "finding"]
 
-# A hang ends this soon after its collective began: a quarter of the run's timeout, at most
-# 30 s (launch's default), at least 1 s; a collective that waits longer for a slow peer fails.
-PG_TIMEOUT_MAX_S = 30.0
-
 
 def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 60.0,
          title: str = "", source: str = "", **launch_kwargs: Any) -> Report:
@@ -31,6 +27,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     failed launch's partial Run), `report.failure` the DistributedError or None."""
     from course_lib.launching import DistributedError, launch
     from course_lib.launching.cells import cell_name
+    from course_lib.launching.launcher import PG_TIMEOUT_MAX_S
     from course_lib.xray.cause import cause
     from course_lib.xray.detectors import run_all
     from course_lib.xray.observation import Observation
@@ -38,6 +35,8 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     from course_lib.xray.tidy import tidy
     from course_lib.xray.worker import journal_path, observed
 
+    # A hang ends this soon after its collective began: a quarter of the run's timeout, at
+    # most launch's ceiling, at least 1 s; a collective that waits longer for a slow peer fails.
     launch_kwargs.setdefault("pg_timeout", max(1.0, min(PG_TIMEOUT_MAX_S, timeout / 4)))
     title = title or f"X-ray of {getattr(train_fn, '__name__', 'the function')} on " \
                      f"{world_size} ranks"

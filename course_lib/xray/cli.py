@@ -20,6 +20,8 @@ pitfall is confirmed, 2 when the script failed or hung without one, 0 otherwise.
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line, x-ray the script, print the report; return the exit status."""
+    from course_lib.launching.launcher import PG_TIMEOUT_MAX_S
+
     parser = argparse.ArgumentParser(
         prog="python -m course_lib xray", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -34,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop the run after S seconds (default 120)")
     parser.add_argument("--pg-timeout", type=float, default=None, metavar="S",
                         help="a collective fails after waiting S seconds, so that a hang "
-                             "ends (default: a quarter of --timeout, at most 30)")
+                             "ends (default: a quarter of --timeout, at most "
+                             f"{PG_TIMEOUT_MAX_S:g})")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     args = parser.parse_args(argv)
