@@ -442,3 +442,41 @@ def test_a_script_that_cannot_run_here_says_why_first(name, tmp_path, capsys) ->
     assert report["cause"].startswith(cause), report
     assert status == 2 or report["findings"], report
     assert report["checked"] == []  # a run that died or never trained proves no absence
+
+
+XRAY_CELL = """
+def every_rank_all_data():
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(data, batch_size=8)
+    model = DDP(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+"""
+
+
+def test_a_finding_from_a_notebook_cell_names_the_cell_and_line(monkeypatch):
+    """A function compiled as IPython compiles a cell keeps its file through the launch, and
+    the finding's where reads as IPython's tracebacks do: 'Cell In[7], line 4'."""
+    import types
+
+    import IPython
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from course_lib import xray
+
+    filename = "/tmp/ipykernel_0/course-xray-cell.py"
+    names = {filename: ("Cell", "In[7]")}
+    shell = types.SimpleNamespace(compile=types.SimpleNamespace(format_code_name=names.get))
+    monkeypatch.setattr(IPython, "get_ipython", lambda: shell)
+    namespace = {"torch": torch, "DDP": DDP, "DataLoader": DataLoader,
+                 "TensorDataset": TensorDataset, "__name__": "__main__"}
+    exec(compile(XRAY_CELL, filename, "exec"), namespace)
+    report = xray(namespace["every_rank_all_data"], world_size=2, timeout=60)
+    assert report.ids == ["P03"], str(report)
+    assert report.findings[0].where == "Cell In[7], line 5"
