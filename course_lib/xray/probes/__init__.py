@@ -20,16 +20,11 @@ _installed = False
 
 
 def install_all() -> None:
-    """Install every probe that exists (once per process)."""
+    """Install every probe (once per process); a probe that fails to import is an error,
+    never silently left out."""
     global _installed
     if _installed:
         return
     _installed = True
     for name in PROBES:
-        try:
-            module = importlib.import_module(f"course_lib.xray.probes.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"course_lib.xray.probes.{name}":
-                raise
-            continue  # not written yet
-        module.install()
+        importlib.import_module(f"course_lib.xray.probes.{name}").install()
