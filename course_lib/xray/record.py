@@ -17,11 +17,9 @@ from typing import Any
 
 import torch
 
-import course_lib
-
 # Frames in these folders are not the learner's: torch, the course's own code, the stdlib.
-_NOT_OWN = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                 for m in (torch, course_lib))
+_NOT_OWN = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
