@@ -3,6 +3,7 @@ and rejects plausible wrong ones, each with the hint that names what the resume 
 
 import os
 
+import pytest
 import torch
 import torch.distributed as dist
 from checking import check_helpers
@@ -194,57 +195,31 @@ class EveryRankWrites(RankZeroWrites):
         dist.barrier()
 
 
-def test_accepts_rank_zero_writing_atomically(capsys):
-    accepts(check_resume, RankZeroWrites, capsys)
+@pytest.mark.parametrize("answer", ["solution", RankZeroWrites, WithCourseHelpers,
+                                    OneFilePerRank], ids=lambda a: getattr(a, "__name__", a))
+def test_accepts(answer, capsys):
+    """The worked Checkpointer, and correct ones written otherwise: rank 0 writing every
+    rank's state atomically, the course's helpers, one file per rank."""
+    answer = solution("Checkpointer") if answer == "solution" else answer
+    accepts(check_resume, answer, capsys)
 
 
-def test_rejects_a_save_in_place_that_a_kill_in_the_middle_damages(capsys):
-    rejects(check_resume, InPlace, "os.replace() it onto the real name", capsys)
+# A plausible wrong Checkpointer, and the hint that must name what its resume missed.
+REJECTED = [
+    (InPlace, "os.replace() it onto the real name"),  # a kill in the middle damages the file
+    (NoBarrier, "End save() with dist.barrier()"),
+    (WrapperKeys, "Save ddp_model.module.state_dict()"),
+    (EveryRankWrites, "all wrote checkpoint.pt"),
+    (NoOptimizer, "momentum buffers"),
+    (NoScheduler, "scheduler restarted"),
+    (NoRng, "random state was not restored"),
+    (RankZeroRng, "every rank got rank 0's random state"),
+    (NextStep, "but the last checkpoint was saved at step"),  # a step off by one
+    (WeightsOnRankZero, "weights differ from rank 0's"),
+]
 
 
-def test_rejects_a_save_without_a_barrier(capsys):
-    rejects(check_resume, NoBarrier, "End save() with dist.barrier()", capsys)
-
-
-def test_rejects_the_wrappers_keys(capsys):
-    rejects(check_resume, WrapperKeys, "Save ddp_model.module.state_dict()", capsys)
-
-
-def test_rejects_every_rank_writing_the_same_file(capsys):
-    rejects(check_resume, EveryRankWrites, "all wrote checkpoint.pt", capsys)
-
-
-def test_accepts_the_solution(capsys):
-    accepts(check_resume, solution("Checkpointer"), capsys)
-
-
-def test_accepts_the_course_helpers(capsys):
-    accepts(check_resume, WithCourseHelpers, capsys)
-
-
-def test_accepts_one_file_per_rank(capsys):
-    accepts(check_resume, OneFilePerRank, capsys)
-
-
-def test_rejects_a_resume_without_the_optimizer(capsys):
-    rejects(check_resume, NoOptimizer, "momentum buffers", capsys)
-
-
-def test_rejects_a_resume_without_the_scheduler(capsys):
-    rejects(check_resume, NoScheduler, "scheduler restarted", capsys)
-
-
-def test_rejects_a_resume_without_the_random_state(capsys):
-    rejects(check_resume, NoRng, "random state was not restored", capsys)
-
-
-def test_rejects_rank_zeros_random_state_on_every_rank(capsys):
-    rejects(check_resume, RankZeroRng, "every rank got rank 0's random state", capsys)
-
-
-def test_rejects_a_step_off_by_one(capsys):
-    rejects(check_resume, NextStep, "but the last checkpoint was saved at step", capsys)
-
-
-def test_rejects_weights_loaded_on_rank_zero_only(capsys):
-    rejects(check_resume, WeightsOnRankZero, "weights differ from rank 0's", capsys)
+@pytest.mark.parametrize("answer, hint", [pytest.param(a, h, id=a.__name__) for a, h in REJECTED])
+def test_rejects(answer, hint, capsys):
+    """A plausible wrong Checkpointer, with the hint that names what its resume missed."""
+    rejects(check_resume, answer, hint, capsys)
