@@ -70,7 +70,7 @@ X6  | 07    | accumulated micro-batch losses not divided by k: a k times larger 
 X7  | 07    | accumulation over micro-batches of unequal sizes: a mean of means
 X8  | 11    | a crash in the middle of torch.save leaves a corrupt checkpoint
 X9  | 09    | gradients clipped before GradScaler.unscale_(): every step shrunk by the scale
-X10 | 09    | GradScaler.update() called per micro-step instead of per optimizer step
+X10 | 09    | GradScaler calls inside the accumulation loop (unscale_ or update per micro-step)
 """)
 
 # What a learner sees first, the headings of the course map, in its order.
@@ -121,7 +121,7 @@ X6  | wrong  | with accumulation, training acts as if the learning rate were k t
 X7  | wrong  | the accumulated gradient is not the big batch's when micro-batches differ
 X8  | crash  | after a crash the checkpoint will not load ("failed reading zip archive")
 X9  | wrong  | with GradScaler and clipping, the weights barely move
-X10 | crash  | "No inf checks were recorded prior to update" with GradScaler
+X10 | crash  | GradScaler: "unscale_() has already been called on this optimizer"
 """
 
 
