@@ -42,8 +42,8 @@ def wrap_frozen(model):
 def wrap_device_generic(model):
     device_ids = [torch.accelerator.current_device_index()] if torch.accelerator.is_available() \
         else None
-    return DDP(model.to(torch.accelerator.current_accelerator() or "cpu"), device_ids=device_ids,
-               find_unused_parameters=True)
+    device = torch.accelerator.current_accelerator(check_available=True) or "cpu"
+    return DDP(model.to(device), device_ids=device_ids, find_unused_parameters=True)
 
 
 def wrap_nothing(model):

@@ -121,7 +121,7 @@ X6  | wrong  | with accumulation, training acts as if the learning rate were k t
 X7  | wrong  | the accumulated gradient is not the big batch's when micro-batches differ
 X8  | crash  | after a crash the checkpoint will not load ("failed reading zip archive")
 X9  | wrong  | with GradScaler and clipping, the weights barely move
-X10 | crash  | GradScaler: "unscale_() has already been called on this optimizer"
+X10 | crash  | GradScaler: "unscale_() has already been called" or "No inf checks were recorded"
 """
 
 
