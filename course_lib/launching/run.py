@@ -27,7 +27,7 @@ class Run:
     results: each rank's return value, in rank order.
     logs: every line every rank printed, in arrival order.
     timings: per rank, time.time() stamps "started" (process up), "ready" (process group
-    initialised) and "finished" (result received).
+    initialised) and "result" (its return value received; "error" instead when it raised).
     extras: per rank, data sent back by collectors such as course_lib.telemetry.
     """
 
