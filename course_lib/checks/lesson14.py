@@ -20,6 +20,7 @@ import functools
 import importlib
 import inspect
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
@@ -228,7 +229,8 @@ def _when_train_raises(fn: Callable, pickled: Path, out: Path, limit: float) -> 
 def _hint(text: str, name: str, where: str) -> str:
     """The hint for a failed run: what the entry saw main() do, a known PyTorch error, else
     the run's error lines."""
-    marks = [ln.split(MARK, 1)[1].strip() for ln in text.splitlines() if MARK in ln]
+    # torchrun can join two workers' lines into one: take every piece after a MARK.
+    marks = [piece.strip() for ln in text.splitlines() for piece in ln.split(MARK)[1:]]
     for mark in marks:
         hint = _hint_of_mark(mark, name)
         if hint:
@@ -252,14 +254,15 @@ def _hint_of_mark(mark: str, name: str) -> str | None:
                 "also runs when train() raises")
     if kind != "init":
         return None
-    seen = dict(item.split("=") for item in rest.split())
+    seen = {"rank": "-1", "world_size": "-1"} | dict(re.findall(r"(\w+)=(-?\d+)", rest))
     wrong = []
     for arg, env, local in (("rank", "RANK", "LOCAL_RANK"),
                             ("world_size", "WORLD_SIZE", "LOCAL_WORLD_SIZE")):
-        if seen[arg] not in ("-1", seen[env]):
-            source = (f"that is {local}, counted on this node only" if seen[arg] == seen[local]
+        if seen[arg] not in ("-1", seen.get(env)):
+            source = (f"that is {local}, counted on this node only"
+                      if seen[arg] == seen.get(local)
                       else "a number typed in, not read from the environment")
-            wrong.append(f"{arg}={seen[arg]} where torchrun set {env}={seen[env]} ({source})")
+            wrong.append(f"{arg}={seen[arg]} where torchrun set {env}={seen.get(env)} ({source})")
     return (f"your {name}() passed init_process_group {'; '.join(wrong)}: take "
             "int(os.environ['RANK']) and int(os.environ['WORLD_SIZE']), which count every "
             "process of every node")
