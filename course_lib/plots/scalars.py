@@ -70,7 +70,7 @@ def compare_runs(reference: Telemetry, other: Telemetry, names: Sequence[str] = 
                  tol: float = 1e-6, labels: tuple[str, str] = ("reference", "other")) -> Figure:
     """Per scalar: both runs over steps (each the mean over its ranks), and their absolute
     difference on a log scale against the tolerance `tol`."""
-    fig = new_figure(6 + 4 * len(names), 6)
+    fig = new_figure(min(8.4, 4 + 4 * len(names)), 6)  # at most JupyterLab's output width
     axes = fig.subplots(2, len(names), sharex=True, squeeze=False)
     for col, name in enumerate(names):
         (steps, ref), (_, oth) = _mean_per_step(reference, name), _mean_per_step(other, name)

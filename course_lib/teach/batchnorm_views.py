@@ -31,7 +31,7 @@ def plot_eval_statistics(data_means: Sequence[torch.Tensor],
     channels = np.arange(len(data_means[0]))
     groups = len(data_means) + 1 + len(running)
     width = 0.8 / groups
-    fig = new_figure(12, 3.8)
+    fig = new_figure(8.4, 4.4)  # at most JupyterLab's output width
     ax = fig.subplots()
     for rank, mean in enumerate(data_means):
         ax.bar(channels + (rank - groups / 2) * width, mean.numpy(), width,
@@ -44,12 +44,12 @@ def plot_eval_statistics(data_means: Sequence[torch.Tensor],
         bars = ax.bar(channels + (at + i) * width, mean.numpy(), width, edgecolor=BLACK,
                       color=RUNNING_COLORS[(i - 1) % 2], hatch=RUNNING_HATCHES[(i - 1) % 2],
                       label=f"running mean, {label}")
-        ax.bar_label(bars, fmt="%.2f", fontsize="x-small", padding=2)
+        ax.bar_label(bars, fmt="%.2f", fontsize="small", padding=2)
     ax.axhline(0, color=BLACK, lw=0.5)
     ax.set_xticks(channels, [f"channel {c}" for c in channels])
     ax.set_ylabel("mean")
-    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
-    ax.set_title("What eval mode will normalise with (running mean) vs the data all ranks saw")
+    ax.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)
+    ax.set_title("What eval mode will normalise with (running mean)\nvs the data all ranks saw")
     return fig
 
 

@@ -137,7 +137,7 @@ def plot_differences(reports: dict[str, GradSyncReport], floor: float = 1e-12):
     from course_lib.plots.style import BLACK, HIGHLIGHT, RANK_COLORS, new_figure
 
     names = list(next(iter(reports.values())).differences)
-    fig = new_figure(max(6.0, 0.9 * len(names) + 3), 3.8)
+    fig = new_figure(min(8.4, max(6.0, 0.9 * len(names) + 3)), 3.8)
     ax = fig.subplots()
     width = 0.8 / len(reports)
     hatches = ("", "//", "..", "xx")
@@ -150,7 +150,7 @@ def plot_differences(reports: dict[str, GradSyncReport], floor: float = 1e-12):
         bars = ax.bar(x, shown, width, label=f"{label}: {state}", color=colour,
                       hatch=hatches[j % len(hatches)], edgecolor=BLACK)
         ax.bar_label(bars, ["0" if d == 0 else ("none" if np.isnan(d) else f"{d:.2g}")
-                            for d in diffs], fontsize="x-small")
+                            for d in diffs], fontsize="small")
     ax.set_yscale("log")
     worst = max((r.max_difference for r in reports.values()), default=0.0)
     ax.set_ylim(floor / 3, max(1.0, worst) * 1000)  # room for the legend
@@ -249,8 +249,8 @@ def plot_rank_agreement(tel, step: int | None = None):
     avg = np.array([pick(0, "after", n)[0] for n in names])
     cos_before = (2 * avg**2 - (g0**2 + g1**2) / 2) / (g0 * g1)
     same_after = [pick(0, "after", n) == pick(1, "after", n) for n in names]
-    fig = new_figure(max(9.0, 0.8 * len(names) + 5), 4.0)
-    norm_ax, cos_ax = fig.subplots(1, 2)
+    fig = new_figure(8.4, 7.0)  # at most JupyterLab's output width, so text is not shrunk
+    norm_ax, cos_ax = fig.subplots(2, 1, sharex=True)
     x, w = np.arange(len(names)), 0.27
     norm_ax.bar(x - w, g0, w, label="rank 0, before", color=BLUE, edgecolor=BLACK)
     norm_ax.bar(x, g1, w, label="rank 1, before", color=ORANGE, hatch="//", edgecolor=BLACK)
@@ -259,20 +259,20 @@ def plot_rank_agreement(tel, step: int | None = None):
     norm_ax.set_yscale("log")
     norm_ax.set_ylabel("gradient norm")
     norm_ax.set_title("Gradient norm per parameter")
-    norm_ax.legend(fontsize="small")
+    norm_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     bars = cos_ax.bar(x - 0.2, cos_before, 0.4, label="before the all-reduce", color=ORANGE,
                       hatch="//", edgecolor=BLACK)
-    cos_ax.bar_label(bars, [f"{c:.2f}" for c in cos_before], fontsize="x-small")
+    cos_ax.bar_label(bars, [f"{c:.2f}" for c in cos_before], fontsize="small",
+                     rotation=90, padding=3)  # upright labels would overlap their neighbours
     after = [1.0 if same else np.nan for same in same_after]
     bars = cos_ax.bar(x + 0.2, after, 0.4, label="after (identical = 1)", color=GREEN,
                       hatch="..", edgecolor=BLACK)
-    cos_ax.bar_label(bars, ["1" if s else "differ" for s in same_after], fontsize="x-small")
-    cos_ax.set_ylim(min(0.0, float(np.min(cos_before))) - 0.05, 1.25)
-    cos_ax.set_ylabel("cosine similarity, rank 0 vs rank 1")
+    cos_ax.bar_label(bars, ["1" if s else "differ" for s in same_after], fontsize="small")
+    cos_ax.set_ylim(min(0.0, float(np.min(cos_before))) - 0.3, 1.15)  # room for the labels
+    cos_ax.set_ylabel("cosine similarity,\nrank 0 vs rank 1")
     cos_ax.set_title("How alike are the two ranks' gradients?")
-    cos_ax.legend(fontsize="small", loc="upper left")
-    for ax in (norm_ax, cos_ax):
-        ax.set_xticks(x, names, rotation=30, ha="right", fontsize="small")
-    fig.suptitle(f"Step {step}: each rank's own gradient before DDP's all-reduce, the "
-                 "average after it")
+    cos_ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    cos_ax.set_xticks(x, names, rotation=30, ha="right", fontsize="small")
+    fig.suptitle(f"Step {step}: each rank's own gradient before DDP's all-reduce,\n"
+                 "the average after it")
     return fig
