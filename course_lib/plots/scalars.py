@@ -80,13 +80,13 @@ def compare_runs(reference: Telemetry, other: Telemetry, names: Sequence[str] = 
         top.plot(steps, ref, color=BLUE, linestyle="-", lw=3, label=labels[0])
         top.plot(steps, oth, color=ORANGE, linestyle="--", marker="s", ms=4, label=labels[1])
         top.set_title(name)
-        top.legend(fontsize="small")
         bottom.semilogy(steps, np.maximum(np.abs(ref - oth), FLOOR), color=BLACK, marker="o",
                         ms=4, label="|difference|")
         bottom.axhline(tol, color=BLACK, linestyle=":", label=f"tolerance {tol:g}")
         bottom.set_ylim(FLOOR / 3, max(tol * 30, np.max(np.abs(ref - oth), initial=0) * 3))
         step_axis(bottom)
-        bottom.legend(fontsize="small")
+    handles = [h for ax in axes[:, 0] for h in ax.get_legend_handles_labels()[0]]
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
     fig.suptitle(f"{labels[1]} against {labels[0]}\nThey match where the difference "
                  f"(bottom) stays under the dotted tolerance line (0 is drawn at {FLOOR:g})")
     return fig

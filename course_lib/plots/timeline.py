@@ -63,7 +63,7 @@ def timeline(tel: Telemetry, steps: Iterable[int] | None = None,
                        for n, (c, h) in styles.items()], loc="outside lower center",
                ncol=4, fontsize="small")
     fig.suptitle("Timeline per rank: what each rank did, and when\n"
-                 "Do the all-reduces run during backward? Dotted grey = idle (no span)",
+                 "Do the all-reduces run during backward? Light grey, small dots = idle (no span)",
                  fontsize="medium")
     return fig
 
