@@ -88,7 +88,7 @@ def compare_runs(reference: Telemetry, other: Telemetry, names: Sequence[str] = 
     handles = [h for ax in axes[:, 0] for h in ax.get_legend_handles_labels()[0]]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize="small")
     fig.suptitle(f"{labels[1]} against {labels[0]}\nThey match where the difference "
-                 f"(bottom) stays under the dotted tolerance line (0 is drawn at {FLOOR:g})")
+                 f"(bottom) stays under the dotted tolerance line\n(0 is drawn at {FLOOR:g})")
     return fig
 
 
