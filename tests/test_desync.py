@@ -202,6 +202,14 @@ def test_a_killed_rank_is_never_counted_as_agreeing():
     assert "no desync" not in report.summary and "agree" not in report.summary
     assert "Rank(s) 1 left no flight-recorder dump" in report.summary
     assert "not shown to be free of a desync" in report.summary
+    from dataclasses import replace
+
+    from course_lib.teach.desync import plot_desync
+
+    # the picture's title: even where the survivors' logs agree, not "no desync"
+    fig = plot_desync(replace(report, first_difference=None))
+    title = fig.axes[0].get_title(loc="left")
+    assert "no desync" not in title and "rank(s) 1" in title
 
 
 def _sizes_differ():

@@ -104,6 +104,10 @@ def _colours(report: DesyncReport, seqs: list[int]) -> dict[str, str]:
 
 def _title(report: DesyncReport) -> str:
     diff = report.first_difference
+    if diff is None and (report.missing or report.mismatch):
+        ranks = ", ".join(str(r) for r in sorted({*report.missing, *report.mismatch}))
+        return (f"The logs do not part, but rank(s) {ranks} left no log or hit gloo's size "
+                "check: not shown free of a desync")
     if diff is None:
         return "The ranks issued the same collectives: no desync"
     return (f"The ranks part at collective #{diff} (shaded).\nThick black outline: the "
