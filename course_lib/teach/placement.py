@@ -295,7 +295,8 @@ def _within_rank_problems(diag: Diagnosis) -> None:
         misplaced.setdefault((name, where, diag.expected[rank]), []).append(rank)
     for (name, where, want), ranks in misplaced.items():
         diag.problems.append(f"{_on(ranks)}: {name} on {where}, not on the rank's device "
-                             f"{want}: move them with .to(device)")
+                             f"{want}: move them with .to(device), or, for a tensor a "
+                             "model keeps, register_buffer it so that model.to() moves it")
 
 
 def _across_ranks(diag: Diagnosis, snaps: list[dict]) -> None:
