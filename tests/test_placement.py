@@ -64,7 +64,8 @@ def test_misplaced_items_are_marked_and_grouped_over_ranks(monkeypatch):
     assert not diagnosis.ok
     assert diagnosis.misplaced == [(0, "targets", "cpu"), (1, "targets", "cpu")]
     assert diagnosis.problems == ["ranks 0, 1: targets on cpu, not on the rank's device meta: "
-                                  "move them with .to(device)"]
+                                  "move them with .to(device), or, for a tensor a model keeps, "
+                                  "register_buffer it so that model.to() moves it"]
     rows = {line.split()[0]: line for line in diagnosis.table().splitlines() if line}
     assert rows["targets"].split() == ["targets", "cpu", "✗", "cpu", "✗"]
     assert "✗" not in rows["inputs"]
