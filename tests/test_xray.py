@@ -398,7 +398,7 @@ def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):
 
     import IPython
 
-    from course_lib.launching.cells import cell_name, name_cells
+    from course_lib.launching.cells import cell_name, name_cell_paths, name_cells
 
     names = {"/tmp/ipykernel_7/123.py": ("Cell", "In[4]")}
     shell = types.SimpleNamespace(compile=types.SimpleNamespace(format_code_name=names.get))
@@ -406,6 +406,8 @@ def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):
     assert cell_name("/tmp/ipykernel_7/123.py:5") == "Cell In[4], line 5"
     assert cell_name("train.py:12") == "train.py:12"
     assert cell_name("") == ""
+    assert name_cell_paths("a sampler made at /tmp/ipykernel_7/123.py:2 was never given") == \
+        "a sampler made at Cell In[4], line 2 was never given"
     frame = 'File "/tmp/ipykernel_7/123.py", line 5, in boom'
     assert name_cells(f'  {frame}\n  File "train.py", line 2, in f') == \
         '  Cell In[4], line 5, in boom\n  File "train.py", line 2, in f'

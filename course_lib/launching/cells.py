@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 _FRAME_FILE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_PATH_LINE = re.compile(r"(?P<file>/[^\s:\"']+\.py):(?P<line>\d+)")
 
 
 def _ipython_name(path: str) -> str | None:
@@ -34,3 +35,9 @@ def name_cells(traceback_text: str) -> str:
         return f"{named}, line {match['line']}" if named else match[0]
 
     return _FRAME_FILE.sub(rename, traceback_text)
+
+
+def name_cell_paths(text: str) -> str:
+    """In free text, '/tmp/ipykernel_7/123.py:5' -> 'Cell In[4], line 5' wherever the kernel
+    knows the file as a cell; other paths unchanged."""
+    return _PATH_LINE.sub(lambda m: cell_name(m[0]), text)

@@ -26,7 +26,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     x-ray's probes installed, and return its Report. `report.run` holds the Run (or the
     failed launch's partial Run), `report.failure` the DistributedError or None."""
     from course_lib.launching import DistributedError, launch
-    from course_lib.launching.cells import cell_name
+    from course_lib.launching.cells import cell_name, name_cell_paths
     from course_lib.launching.launcher import PG_TIMEOUT_MAX_S
     from course_lib.xray.cause import cause
     from course_lib.xray.detectors import run_all
@@ -56,7 +56,8 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     report.run, report.failure, report.cause = run, error, cause(obs)
     if error is not None or report.cause:
         report.checked = []  # a run that died or never trained proves no absence
-    report.findings = [dataclasses.replace(f, where=cell_name(f.where))
+    report.findings = [dataclasses.replace(f, where=cell_name(f.where),
+                                           evidence=name_cell_paths(f.evidence))
                        for f in report.findings]
     return report
 
