@@ -325,6 +325,9 @@ def _profiled_steps(directory):
                 loss = model(torch.randn(4, 32)).sum()
             with record_function("backward"):
                 loss.backward()
+        # torch 2.11 can export the last all-reduce, still ending on gloo's thread, as
+        # 'finished': False without its shapes; a barrier lets it end inside the profile
+        dist.barrier()
     prof.export_chrome_trace(f"{directory}/trace{dist.get_rank()}.json")
 
 
