@@ -11,9 +11,9 @@ installs jupyterhub into .venv and configurable-http-proxy into .hub/ (both giti
 when missing. Every learner gets a copy of the course in a home folder of their own under a
 temporary folder, as a hub that clones the course per user would give them.
 SimpleLocalProcessSpawner runs every learner as this user, without limits: the figures are
-what one learner uses, not what a quota allows. Memory is the peak of the resident set
-summed over the learner's processes (server, kernel, forkserver, ranks); pages the ranks
-share with the forkserver are counted in each, so it is an upper bound."""
+what one learner uses, not what a quota allows. Memory is the peak, over the run, of the
+learner's processes (server, kernel, forkserver, ranks, DataLoader workers) summed: PSS
+(what a memory cgroup would be charged, about) and RSS (an upper bound)."""
 
 from __future__ import annotations
 
@@ -142,27 +142,32 @@ class Meter:
     """Samples each learner's processes. CPU-seconds: a process still there at the last
     sample counts its own time and its reaped children's; one that was reaped by a process
     of the tree is counted in its parent's children time, the rest by its last reading.
-    Memory: the peak of the resident sets summed over the tree."""
+    Memory: the peak of the proportional set sizes (PSS: a page shared by k processes
+    counts 1/k in each) summed over the tree, and of the resident sets (RSS, shared pages
+    counted in every process: an upper bound)."""
 
     def __init__(self, names: list[str]):
         self.seen: dict[str, dict[int, tuple[int, float, float]]] = {n: {} for n in names}
         self.alive: dict[str, set[int]] = {n: set() for n in names}
         self.peak = dict.fromkeys(names, 0)
+        self.peak_rss = dict.fromkeys(names, 0)
 
     def sample(self) -> None:
         for name, seen in self.seen.items():
-            rss, alive = 0, set()
+            pss, rss, alive = 0, 0, set()
             for proc in server_tree(name):
                 try:
                     t = proc.cpu_times()
                     seen[proc.pid] = (proc.ppid(), t.user + t.system,
                                       t.children_user + t.children_system)
-                    rss += proc.memory_info().rss
+                    memory = proc.memory_full_info()
+                    pss, rss = pss + memory.pss, rss + memory.rss
                     alive.add(proc.pid)
-                except psutil.NoSuchProcess:
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
             self.alive[name] = alive
-            self.peak[name] = max(self.peak[name], rss)
+            self.peak[name] = max(self.peak[name], pss)
+            self.peak_rss[name] = max(self.peak_rss[name], rss)
 
     def cpu_seconds(self, name: str) -> float:
         seen, alive = self.seen[name], self.alive[name]
@@ -199,7 +204,8 @@ def rehearse(lessons: list[str]) -> list[dict]:
         passed, verdict = gate(homes[n], files[n]) if n in times else (False, "no run")
         rows.append({"learner": n, "lesson": files[n], "run_all_s": round(times.get(n, 0), 1),
                      "cpu_s": round(meter.cpu_seconds(n), 1),
-                     "peak_rss_gib": round(meter.peak[n] / 2**30, 2), "gate": passed,
+                     "peak_pss_gib": round(meter.peak[n] / 2**30, 2),
+                     "peak_rss_gib": round(meter.peak_rss[n] / 2**30, 2), "gate": passed,
                      "verdict": verdict})
     return rows
 
@@ -231,10 +237,11 @@ def main() -> int:
     rows = rehearse(args.lessons)
     print(f"{len(rows)} learners at once on {os.cpu_count()} cores, "
           f"{time.monotonic() - start:.0f} s in all (load average before: {load_before:.1f})")
-    print("learner    lesson                          Run All  CPU-s  peak GiB  gate")
+    print("learner    lesson                          Run All  CPU-s  PSS GiB  RSS GiB  gate")
     for r in rows:
         print(f"{r['learner']:<10} {r['lesson']:<31} {r['run_all_s']:>6.0f}s {r['cpu_s']:>6.0f} "
-              f"{r['peak_rss_gib']:>8.2f}  {'pass' if r['gate'] else 'FAIL: ' + r['verdict']}")
+              f"{r['peak_pss_gib']:>7.2f}  {r['peak_rss_gib']:>7.2f}  "
+              f"{'pass' if r['gate'] else 'FAIL: ' + r['verdict']}")
     if args.json:
         args.json.write_text(json.dumps({"cores": os.cpu_count(), "load_before": load_before,
                                          "rows": rows}, indent=1) + "\n")
