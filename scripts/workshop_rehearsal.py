@@ -22,7 +22,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # browser_lab: the browser check's page actions
+from browser_lab import free_port  # noqa: E402 - importable once tests/ is on the path
+
 VENV = ROOT / ".venv" / "bin"
 CHP = ROOT / ".hub" / "node_modules" / ".bin" / "configurable-http-proxy"
 PASSWORD = "rehearsal"
@@ -48,12 +49,6 @@ def install() -> None:
     if not CHP.exists():
         subprocess.run(["npm", "install", "--silent", "--prefix", ROOT / ".hub",
                         "configurable-http-proxy"], check=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def hub_config(work: Path, port: int) -> Path:
