@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import DistributedError, launch
-from course_lib.launching.desync import Call, RankTrace, build
+from course_lib.launching.desync_report import Call, RankTrace, build
 
 
 def _fail(fn, world_size, **kwargs) -> DistributedError:
@@ -165,7 +165,7 @@ def test_the_table_marks_the_first_difference_and_the_collective_each_rank_was_i
 def test_the_picture_draws_a_box_per_collective_and_highlights_the_difference():
     from matplotlib.patches import FancyBboxPatch, Rectangle
 
-    from course_lib.teach.desync import plot_desync
+    from course_lib.teach.desync_picture import plot_desync
 
     traces = [RankTrace(0, _calls("all_reduce 3", "all_reduce 3"), "raised RuntimeError",
                         inside=True),
@@ -181,7 +181,7 @@ def test_the_picture_draws_a_box_per_collective_and_highlights_the_difference():
 
 
 def test_the_picture_refuses_an_error_without_a_report():
-    from course_lib.teach.desync import plot_desync
+    from course_lib.teach.desync_picture import plot_desync
 
     with pytest.raises(ValueError, match="desync_report=False"):
         plot_desync(ValueError("not a launch error"))
@@ -204,7 +204,7 @@ def test_a_killed_rank_is_never_counted_as_agreeing():
     assert "not shown to be free of a desync" in report.summary
     from dataclasses import replace
 
-    from course_lib.teach.desync import plot_desync
+    from course_lib.teach.desync_picture import plot_desync
 
     # the picture's title: even where the survivors' logs agree, not "no desync"
     fig = plot_desync(replace(report, first_difference=None))

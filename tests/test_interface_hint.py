@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from course_lib import launch
 from course_lib.launching import DistributedError
-from course_lib.launching.report import RankFailure, advice
+from course_lib.launching.errors import RankFailure, advice
 
 
 def _all_reduce_one():

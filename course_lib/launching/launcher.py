@@ -16,8 +16,16 @@ from typing import Any
 
 import cloudpickle
 
-from course_lib.launching import desync, flight, net
+from course_lib.launching import desync_report as desync
+from course_lib.launching import flight, net
 from course_lib.launching.cells import name_cells
+from course_lib.launching.errors import (
+    DistributedError,
+    RankFailure,
+    annotate_stack,
+    is_collective_error,
+    root_cause_first,
+)
 from course_lib.launching.forkserver import (
     Worker,
     dump_stacks,
@@ -28,13 +36,6 @@ from course_lib.launching.forkserver import (
 )
 from course_lib.launching.payload import pack
 from course_lib.launching.rank_main import LAUNCH_DIR, WorkerSpec
-from course_lib.launching.report import (
-    DistributedError,
-    RankFailure,
-    annotate_stack,
-    is_collective_error,
-    root_cause_first,
-)
 from course_lib.launching.run import LogLine, Run
 from course_lib.launching.validate import check_launch_args, check_seconds, choose_backend
 

@@ -1,7 +1,7 @@
 """Pictures for lesson 10 (hangs and desync): where each rank would stop on its own loss and
 where the ranks' mean says to stop, what each rank read from an asynchronous all-reduce
 against the true value, and what each way of ending uneven inputs costs a step.
-(The desync report's own picture is teach.desync.plot_desync.)"""
+(The desync report's own picture is teach.desync_picture.plot_desync.)"""
 
 from __future__ import annotations
 

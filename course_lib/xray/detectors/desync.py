@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-from course_lib.launching.desync import DesyncReport, first_difference
-from course_lib.launching.report import is_collective_error
+from course_lib.launching.desync_report import DesyncReport, first_difference
+from course_lib.launching.errors import is_collective_error
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 

@@ -65,7 +65,7 @@ class RankFailure:
 class DistributedError(RuntimeError):
     """A launch failed on one or more ranks; `.failures` holds one RankFailure per rank,
     root cause first, `.run` what the ranks printed and sent back before failing, and
-    `.desync` the ranks' collectives side by side (a launching.desync.DesyncReport, or
+    `.desync` the ranks' collectives side by side (a launching.desync_report.DesyncReport, or
     None when the flight recorder was off)."""
 
     def __init__(self, headline: str, failures: list[RankFailure], timed_out: bool = False,

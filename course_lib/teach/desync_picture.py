@@ -4,14 +4,14 @@ number, the first point where the ranks differ highlighted.
     try:
         launch(train, 3)
     except DistributedError as err:
-        plot_desync(err)          # or err.desync, the launching.desync.DesyncReport
+        plot_desync(err)          # or err.desync, the launching.desync_report.DesyncReport
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from course_lib.launching.desync import DesyncReport
+from course_lib.launching.desync_report import DesyncReport
 
 SHOWN = 6  # collectives drawn, at most: the last ones up to the first difference
 

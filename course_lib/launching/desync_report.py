@@ -14,7 +14,7 @@ import pickle
 from collections import Counter
 from dataclasses import dataclass, field
 
-from course_lib.launching.report import GLOO_MISMATCH, leading_notes, raised_outside
+from course_lib.launching.errors import GLOO_MISMATCH, leading_notes, raised_outside
 
 ROWS = 6  # collectives shown before the first difference, at most
 _TORCH = os.sep + "torch" + os.sep
