@@ -10,6 +10,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any
 
+from course_lib.launching.run import Run
+
 # Errors that are a consequence of another rank failing, not a cause.
 _CONSEQUENCE = re.compile(
     r"Connection (closed|reset) by peer|Broken pipe|Timed out waiting|pair closure|"
@@ -69,12 +71,12 @@ class DistributedError(RuntimeError):
     None when the flight recorder was off)."""
 
     def __init__(self, headline: str, failures: list[RankFailure], timed_out: bool = False,
-                 desync: Any = None):
+                 desync: Any = None, run: Run | None = None):
         self.failures = root_cause_first(failures)
         self.timed_out = timed_out
         self.headline = headline
         self.desync = desync
-        self.run = None  # set by launch()
+        self.run = run  # launch() always passes one
         super().__init__(format_report(headline, self.failures, desync))
 
     @property

@@ -1,4 +1,7 @@
-"""launch(): run a function on every rank of a fresh process group, from a notebook."""
+"""launch(): run a function on every rank of a fresh process group, from a notebook.
+
+This module supervises the ranks (start, relay output, deadlines, stop); what they left
+behind becomes a Run or a DistributedError in outcome.py."""
 
 from __future__ import annotations
 
@@ -14,18 +17,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
-import cloudpickle
-
-from course_lib.launching import desync_report as desync
 from course_lib.launching import flight, net
-from course_lib.launching.cells import name_cells
-from course_lib.launching.errors import (
-    DistributedError,
-    RankFailure,
-    annotate_stack,
-    is_collective_error,
-    root_cause_first,
-)
 from course_lib.launching.forkserver import (
     Worker,
     dump_stacks,
@@ -34,8 +26,9 @@ from course_lib.launching.forkserver import (
     start_worker,
     wait_until_ready,
 )
+from course_lib.launching.outcome import outcome
 from course_lib.launching.payload import pack
-from course_lib.launching.rank_main import LAUNCH_DIR, WorkerSpec
+from course_lib.launching.rank_main import WorkerSpec
 from course_lib.launching.run import LogLine, Run
 from course_lib.launching.validate import check_launch_args, check_seconds, choose_backend
 
@@ -45,7 +38,6 @@ FAILURE_GRACE_S = 1.5
 # The flight recorder for the desync report: on by default only if it costs a small DDP
 # step <= 2% (benchmarks/flight_recorder.py).
 DESYNC_REPORT_DEFAULT = True
-OUTPUT_TAIL_LINES = 8
 
 
 # The collective timeout's ceiling, the one home of the number: launch's default is
@@ -135,7 +127,8 @@ class _Launch:
                 self._stop([w for w in self.workers if w.running], "stopped", stacks=False)
                 self._close_pipes()
                 os.close(alive_w)
-        return self._outcome(time.monotonic() - start)
+        return outcome(self.workers, self.logs, time.monotonic() - start, self.timeout,
+                       self.timed_out)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -229,140 +222,10 @@ class _Launch:
             if w.process.exitcode is not None:
                 w.process.close()
 
-    # -- the outcome --------------------------------------------------------------------------
-
-    def _outcome(self, wall_time: float) -> Run:
-        run = Run(world_size=len(self.specs), backend=self.specs[0].backend,
-                  logs=self.logs, wall_time=wall_time)
-        failures = [f for f in (self._failure(w) for w in self.workers) if f]
-        for w in self.workers:
-            value, extras = w.result or (None, (w.error or {}).get("extras")
-                                         or _last_words(w.spec.extras_path))
-            run.results.append(cloudpickle.loads(value) if value and not failures else None)
-            run.extras.append(cloudpickle.loads(extras) if extras else {})
-            run.timings.append(w.timings)
-        if failures:
-            err = DistributedError(self._headline(failures), failures, self.timed_out,
-                                   self._desync(failures))
-            err.run = run
-            raise err
-        return run
-
-    def _failure(self, w: Worker) -> RankFailure | None:
-        tail = w.output[-OUTPUT_TAIL_LINES:]
-        common = dict(rank=w.rank, output_tail=tail, time=w.event_time)
-        stack = name_cells(annotate_stack(w.stack, LAUNCH_DIR)) if w.stack else ""
-        if w.error is not None:
-            kind, summary = "exception", f"{w.error['type']}: {w.error['message']}"
-            if w.error["type"] == "SystemExit":
-                kind = "exit"
-                summary = f"called sys.exit({w.error['message']}): exit code {w.exitcode}"
-            return RankFailure(kind=kind, summary=summary, error_type=w.error["type"],
-                               message=w.error["message"], traceback=_traceback_text(w.error),
-                               **common)
-        if w.stopped == "timeout":
-            return RankFailure(kind="timeout", summary=f"still running at the {self.timeout:g} s "
-                               "timeout", stack=stack, **common)
-        if w.stopped:
-            return RankFailure(kind="stopped", summary="still running after another rank "
-                               "failed; stopped by the launcher", stack=stack, **common)
-        if w.result is not None:
-            return None  # it returned; a crash while tearing down is not the learner's bug
-        return _exit_failure(w.exitcode, common)
-
-    def _desync(self, failures: list[RankFailure]) -> desync.DesyncReport | None:
-        """The ranks' flight-recorder dumps lined up (None when the recorder was off)."""
-        if not self.specs[0].flight_path:
-            return None
-        by_rank = {f.rank: f for f in failures}
-        traces = []
-        for w in self.workers:
-            dump = desync.load(w.spec.flight_path)
-            calls = desync.calls_from(dump) if dump else []
-            failure = by_rank.get(w.rank)
-            text = f"{failure.message}\n" + "\n".join(failure.output_tail) if failure else ""
-            traces.append(desync.RankTrace(w.rank, calls, _ended(failure),
-                                           _inside(failure, calls), dumped=dump is not None,
-                                           text=text))
-        return desync.build(traces, backend=self.specs[0].backend)
-
-    def _headline(self, failures: list[RankFailure]) -> str:
-        n = len(self.specs)
-        hung = [f.rank for f in failures if f.kind == "timeout"]
-        if hung:
-            return (f"Timed out after {self.timeout:g} s with rank(s) {_ranks(hung)} still running "
-                    f"(world_size={n}). Each rank's Python stack (all threads) is shown below."
-                    f"{self._returned_note(failures)}")
-        first = root_cause_first(failures)[0]
-        return (f"{len(failures)} of {n} rank(s) failed. First failure: rank {first.rank}, "
-                f"{first.summary}{self._returned_note(failures)}")
-
-    def _returned_note(self, failures: list[RankFailure]) -> str:
-        """Name the ranks that returned while others failed: a rank that leaves early makes
-        its peers fail, and no error of theirs names it."""
-        failed = {f.rank for f in failures}
-        returned = [w.rank for w in self.workers if w.rank not in failed and w.result]
-        if not returned:
-            return ""
-        return (f"\nRank(s) {_ranks(returned)} returned normally while the others had not "
-                "finished: if a rank left early, its peers fail waiting for it.")
-
-
-def _ended(failure: RankFailure | None) -> str:
-    """How a rank ended, in a few words for the desync report."""
-    if failure is None:
-        return "returned"
-    return {"exception": f"raised {failure.error_type}", "timeout": "still running",
-            "stopped": "still running", "exit": "exited",
-            "signal": f"killed by {failure.error_type}"}.get(failure.kind, failure.summary)
-
-
-def _inside(failure: RankFailure | None, calls: list[desync.Call]) -> bool:
-    """Whether the rank was blocked in its last collective when it ended: still running
-    with that collective not completed, or failed with a collective's error."""
-    if failure is None or not calls:
-        return False
-    if failure.kind in ("timeout", "stopped"):
-        return not calls[-1].completed
-    return failure.kind == "exception" and is_collective_error(failure.message)
-
 
 def _failed(w: Worker) -> bool:
+    """Whether a rank has failed: it sent an error, or it exited without a result."""
     return w.error is not None or (w.exitcode is not None and w.result is None)
-
-
-def _exit_failure(exitcode: int | None, common: dict) -> RankFailure:
-    if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        why = {"SIGKILL": " (killed: out of memory, or someone sent kill -9)",
-               "SIGABRT": " (aborted: a C++ error or os.abort())",
-               "SIGSEGV": " (a segmentation fault in native code)"}.get(name, "")
-        return RankFailure(kind="signal", summary=f"killed by signal {name}{why}",
-                           error_type=name, message=f"killed by signal {name}", **common)
-    return RankFailure(kind="exit", summary=f"exited with code {exitcode} without a result",
-                       error_type="exit", message=f"exit code {exitcode}", **common)
-
-
-def _last_words(path: str) -> bytes | None:
-    """The collectors' data a stopped rank wrote when asked for its flight recorder."""
-    try:
-        with open(path, "rb") as f:
-            return f.read() or None
-    except OSError:
-        return None
-
-
-def _traceback_text(error: dict) -> str:
-    if error.get("traceback"):
-        try:
-            return name_cells("".join(cloudpickle.loads(error["traceback"]).format()))
-        except Exception:  # noqa: BLE001 - the exception's class cannot load here
-            pass
-    return error.get("text") or f"{error['type']}: {error['message']}"
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in sorted(ranks))
 
 
 @contextmanager
