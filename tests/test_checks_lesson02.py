@@ -23,10 +23,24 @@ solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
 # -- pick_device ----------------------------------------------------------------------------
 
 def device_by_set_device():
-    if torch.cuda.device_count() > 0:
+    if torch.cuda.device_count() >= int(os.environ["LOCAL_WORLD_SIZE"]):
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         return "cuda"
     return "cpu"
+
+
+def device_by_accelerator():
+    local_ranks = int(os.environ["LOCAL_WORLD_SIZE"])
+    if torch.accelerator.is_available() and torch.accelerator.device_count() >= local_ranks:
+        torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]))
+        return torch.accelerator.current_accelerator()
+    return torch.device("cpu")
+
+
+def device_is_available_only():  # this notebook's solution until issue 26
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cpu")
 
 
 def device_first_gpu():
@@ -51,20 +65,26 @@ def device_by_backend():
     return rank_device()  # gloo in the check: always the CPU
 
 
+def device_world_size_guard():  # compares with every machine's ranks, not this machine's
+    if torch.cuda.device_count() >= int(os.environ["WORLD_SIZE"]):
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cpu")
+
+
 def device_as_number():
     return int(os.environ["LOCAL_RANK"]) if torch.cuda.is_available() else "cpu"
 
 
-def device_by_accelerator():
-    if torch.accelerator.is_available():
-        torch.accelerator.set_device_index(int(os.environ["LOCAL_RANK"]))
-        return torch.accelerator.current_accelerator()
+def device_rank_mod_count():  # PyTorch's DDP tutorial: two ranks share one GPU here
+    if torch.cuda.is_available():
+        return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
     return torch.device("cpu")
 
 
-def device_rank_mod_count():  # PyTorch's DDP tutorial: right when every machine is alike
-    if torch.cuda.is_available():
-        return torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+def device_per_rank_guard():  # the ranks with a GPU of their own use it, the others the CPU
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if local_rank < torch.cuda.device_count():
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
@@ -74,18 +94,26 @@ def device_rank_mod_two():
     return torch.device("cpu")
 
 
-@pytest.mark.parametrize("fn", ["solution", device_by_set_device, device_by_accelerator,
-                                device_rank_mod_count])
+@pytest.mark.parametrize("fn", ["solution", device_by_set_device, device_by_accelerator])
 def test_pick_device_accepts(fn, capsys):
     accepts(check_pick_device, solution("pick_device") if fn == "solution" else fn, capsys)
 
 
+SHORT = "on 1 machine with 1 GPU and 2 ranks"
+
+
 @pytest.mark.parametrize("fn, hint", [
+    (device_is_available_only, f"{SHORT}, rank 1 chose cuda:1, a GPU this machine does not "
+                               "have (CUDA: \"invalid device ordinal\")"),
+    (device_no_fallback, f"{SHORT}, rank 1 chose cuda:1"),
+    (device_rank_mod_count, f"{SHORT}, the ranks chose cuda:0, cuda:0: 2 ranks share 1 GPU"),
+    (device_per_rank_guard, f"{SHORT}, the ranks chose cuda:0, cpu: a GPU for some, the CPU "
+                            "for others, and NCCL needs a GPU on every rank"),
     (device_first_gpu, "every rank chose cuda:0"),
     (device_global_rank, "ranks 2 and 3 chose cuda:2 and cuda:3"),
     (device_dist_rank, "that is the global RANK"),
-    (device_no_fallback, "on a machine without GPUs, rank 0 chose cuda:0"),
     (device_by_backend, "every rank chose the CPU"),
+    (device_world_size_guard, "(the ranks on this machine, not WORLD_SIZE)"),
     (device_as_number, "which is not a device"),
     (device_rank_mod_two, "on 1 machine with 3 GPUs (ranks 0, 1 and 2), the GPU number repeats "
                           "every 2 ranks"),

@@ -1,12 +1,13 @@
-"""Checks for lesson 02's exercises: each rank picks its own device (LOCAL_RANK, with a CPU
-fallback), and a training step puts everything it uses on that device.
+"""Checks for lesson 02's exercises: each rank picks its own device (cuda:LOCAL_RANK when its
+machine has a GPU for each of its ranks, else the CPU), and a training step puts everything it
+uses on that device.
 
 No GPU is needed. The device check runs the learner's function on ranks laid out as machines
-with GPUs (the environment torchrun would give them, with torch.cuda and torch.accelerator
-answering as on such machines): 2 machines with 2 GPUs each, then 1 machine with 3, then
-ranks with no GPU. The placement check uses PyTorch's meta device as the "other device", as
-the lesson does, and compares what the returned objects compute on the CPU with what the
-objects it was given compute, so that a new object in place of a moved one is caught.
+(the environment torchrun would give them, torch.cuda and torch.accelerator answering as
+there): 2 machines x 2 GPUs, 1 machine x 3 GPUs, 2 ranks on 1 GPU (fewer GPUs than ranks: the
+CPU, as launch's backend="auto" chooses), no GPU. The placement check uses the meta device as
+the "other device", as the lesson does, and compares what the returned objects compute on the
+CPU with what the given ones compute, so that a new object in place of a moved one is caught.
 """
 
 from __future__ import annotations
@@ -33,9 +34,14 @@ from course_lib.checks.common import (
 from course_lib.checks.result import CheckResult
 from course_lib.teach import placement
 
-GPUS_PER_MACHINE = {4: 2, 3: 3}  # world size -> GPUs per machine: 2 x 2 GPUs, then 1 x 3
+# world size -> (GPUs, ranks) per machine: a GPU per rank, 2 machines x 2 GPUs, 1 x 3 GPUs
+GPU_LAYOUTS = {4: (2, 2), 3: (3, 3)}
+SHORT_OF_GPUS = (2, 1)  # 2 ranks on 1 machine with 1 GPU: the CPU on every rank
 NO_GPU_WORLD_SIZE = 2
 DEVICE = "meta"  # the stand-in for cuda:LOCAL_RANK in the placement check
+CPU_RULE = ("When a machine has fewer GPUs than ranks (torch.cuda.device_count() < "
+            "LOCAL_WORLD_SIZE), every rank uses the CPU: the job runs on gloo, as "
+            "launch(backend='auto') chooses.")
 
 
 # -- pick_device() -> torch.device ------------------------------------------------------------
@@ -66,12 +72,12 @@ def _pretend_gpus(count: int) -> list[int]:
     return calls
 
 
-def _device_on_rank(fn: Callable, gpus: int) -> tuple[str, Any, list[int]]:
-    """Run fn() as rank RANK of a torchrun job on machines with `gpus` GPUs each."""
+def _device_on_rank(fn: Callable, gpus: int, per_machine: int) -> tuple[str, Any, list[int]]:
+    """Run fn() as rank RANK of a torchrun job on machines with `gpus` GPUs and
+    `per_machine` ranks each."""
     rank = dist.get_rank()
-    if gpus:
-        os.environ.update(LOCAL_RANK=str(rank % gpus), GROUP_RANK=str(rank // gpus),
-                          LOCAL_WORLD_SIZE=str(gpus))
+    os.environ.update(LOCAL_RANK=str(rank % per_machine), GROUP_RANK=str(rank // per_machine),
+                      LOCAL_WORLD_SIZE=str(per_machine))
     calls = _pretend_gpus(gpus)
     got = fn()
     if isinstance(got, int):  # torch.device(1) is cuda:1 on a CUDA build, an error on a CPU
@@ -83,17 +89,20 @@ def _device_on_rank(fn: Callable, gpus: int) -> tuple[str, Any, list[int]]:
 
 
 def check_pick_device(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
-    """fn() must return cuda:LOCAL_RANK on machines with GPUs (2 machines x 2 GPUs, then 1
-    machine x 3 GPUs), and the CPU on a machine without one."""
+    """fn() must return cuda:LOCAL_RANK on machines with a GPU for each of their ranks (2
+    machines x 2 GPUs, then 1 machine x 3 GPUs), and the CPU on a machine with fewer GPUs
+    than ranks (2 ranks, 1 GPU) or without one."""
     def judge() -> str:
-        for n, results in at_world_sizes(_device_on_rank, fn, tuple(GPUS_PER_MACHINE),
-                                         args=lambda n: (GPUS_PER_MACHINE[n],),
-                                         timeout=timeout):
-            _judge_gpus(results, GPUS_PER_MACHINE[n])
-        _judge_no_gpu(on_ranks(_device_on_rank, fn, NO_GPU_WORLD_SIZE, (0,), timeout))
+        for n, results in at_world_sizes(_device_on_rank, fn, tuple(GPU_LAYOUTS),
+                                         args=lambda n: GPU_LAYOUTS[n], timeout=timeout):
+            _judge_gpus(results, GPU_LAYOUTS[n][0])
+        n, gpus = SHORT_OF_GPUS
+        _judge_short_of_gpus(on_ranks(_device_on_rank, fn, n, (gpus, n), timeout), gpus)
+        _judge_no_gpu(on_ranks(_device_on_rank, fn, NO_GPU_WORLD_SIZE,
+                               (0, NO_GPU_WORLD_SIZE), timeout))
         return ("on 2 machines x 2 GPUs, ranks 0-3 chose cuda:0, cuda:1, cuda:0, cuda:1; on 1 "
-                "machine x 3 GPUs, cuda:0, cuda:1, cuda:2 (their LOCAL_RANK); without a GPU, "
-                "the CPU.")
+                "machine x 3 GPUs, cuda:0, cuda:1, cuda:2 (their LOCAL_RANK); with 2 ranks on "
+                "1 GPU, and without a GPU, the CPU.")
     return run_check("check_pick_device", fn, judge)
 
 
@@ -114,9 +123,10 @@ def _judge_gpus(results: list[tuple[str, Any, list[int]]], gpus: int) -> None:
         return
     layout = _layout(n, gpus)
     if all(c == "cpu" for c in chosen):
-        raise Rejected(f"on {layout}, every rank chose the CPU. When "
-                       "torch.cuda.is_available() (or torch.accelerator.is_available()), use "
-                       "the GPU numbered by LOCAL_RANK.")
+        raise Rejected(f"on {layout}, every rank chose the CPU, though each machine has a GPU "
+                       "for each of its ranks. When torch.cuda.device_count() >= "
+                       "LOCAL_WORLD_SIZE (the ranks on this machine, not WORLD_SIZE), use the "
+                       "GPU numbered by LOCAL_RANK.")
     if len(set(chosen)) == 1:
         raise Rejected(f"on {layout}, every rank chose {chosen[0]}: the ranks of a machine "
                        "pile onto one GPU (with NCCL: \"Duplicate GPU detected\"). Use "
@@ -145,6 +155,25 @@ def _resolved(rank: int, device: str, got: Any, calls: list[int]) -> str:
     return device
 
 
+def _judge_short_of_gpus(results: list[tuple[str, Any, list[int]]], gpus: int) -> None:
+    """Fewer GPUs than ranks on the machine: every rank must choose the CPU."""
+    n = len(results)
+    chosen = [_resolved(rank, device, got, calls)
+              for rank, (device, got, calls) in enumerate(results)]
+    if all(c == "cpu" for c in chosen):
+        return
+    layout = f"1 machine with {gpus} GPU and {n} ranks"
+    for rank, c in enumerate(chosen):
+        if c.startswith("cuda:") and int(c.split(":")[1]) >= gpus:
+            raise Rejected(f"on {layout}, rank {rank} chose {c}, a GPU this machine does not "
+                           f"have (CUDA: \"invalid device ordinal\"). {CPU_RULE}")
+    if "cpu" not in chosen:
+        raise Rejected(f"on {layout}, the ranks chose {', '.join(chosen)}: {n} ranks share "
+                       f"{gpus} GPU (NCCL refuses: \"Duplicate GPU detected\"). {CPU_RULE}")
+    raise Rejected(f"on {layout}, the ranks chose {', '.join(chosen)}: a GPU for some, the "
+                   f"CPU for others, and NCCL needs a GPU on every rank. {CPU_RULE}")
+
+
 def _judge_no_gpu(results: list[tuple[str, Any, list[int]]]) -> None:
     for rank, (device, got, _) in enumerate(results):
         if not device:
@@ -152,7 +181,7 @@ def _judge_no_gpu(results: list[tuple[str, Any, list[int]]]) -> None:
                            "device; return a torch.device.")
         if device != "cpu":
             raise Rejected(f"on a machine without GPUs, rank {rank} chose {device}: fall back "
-                           "to torch.device('cpu') when torch.cuda.is_available() is False.")
+                           "to torch.device('cpu') when torch.cuda.device_count() is 0.")
 
 
 # -- to_device(model, loss_fn, x, y, device) -> (model, loss_fn, x, y) -------------------------
