@@ -119,7 +119,7 @@ def check_backends() -> Check:
 
 
 def check_loopback() -> Check:
-    from course_lib.launching.net import loopback_interface
+    from course_lib.network import loopback_interface
 
     try:
         return Check("loopback interface", PASS, loopback_interface())
@@ -189,7 +189,7 @@ def check_tracebacks() -> Check:
 
 def check_peer(peer: str | None, listen_port: int | None, wait: float) -> Check:
     """--peer HOST:PORT or --listen PORT: the two ends of a multi-node reachability test."""
-    from course_lib import peer as reach
+    from course_lib import network as reach
 
     if listen_port is not None:
         result = reach.listen(listen_port, wait)

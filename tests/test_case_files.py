@@ -18,7 +18,7 @@ from course_lib.teach.case_files import (
     shared_samples,
     split_by_node,
 )
-from course_lib.teach.interconnect import Link, predict_step
+from course_lib.teach.scaling_model import Link, predict_step
 
 
 def _read(overlap):

@@ -62,7 +62,6 @@ KNOWN_LONG = {
     "course_lib/checks/lesson05.py": "issue 27, N18: split by exercise, as lesson03/ is",
     "course_lib/checks/lesson14.py": "issue 27, N18: split by exercise, as lesson03/ is",
     "course_lib/teach/placement.py": "issue 27, N21: rank-side helper apart from its pictures",
-    "course_lib/teach/interconnect.py": "issue 27, N10: four jobs, one module each",
     "course_lib/xray/detectors/data.py": "issue 27 (x-ray layout: issue 29): one detector each",
 }
 

@@ -10,18 +10,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import launch
-from course_lib.teach.interconnect import (
-    PRESETS,
-    Link,
-    OnLink,
-    crossover,
-    efficiency,
-    hook_on_link,
-    network_interfaces,
-    predict_step,
-    simulated_link,
-    traffic,
-)
+from course_lib.network import network_interfaces
+from course_lib.teach.scaling_model import PRESETS, Link, crossover, efficiency, predict_step
+from course_lib.teach.simulated_link import OnLink, hook_on_link, simulated_link, traffic
 
 
 def test_ring_cost_is_two_n_minus_one_latencies_plus_two_n_minus_one_over_n_of_the_bytes():

@@ -138,14 +138,14 @@ def test_no_circle_even_through_type_hints():
 # below it only. `__main__` reaches its commands through importlib, inside main().
 MAY_IMPORT = {
     "protocol": set(), "collectors": set(), "wrappers": set(),
-    "launching": {"collectors"},
+    "launching": {"collectors", "network"},
     "telemetry": {"collectors", "wrappers"},
     "plots": {"telemetry"},
-    "teach": {"protocol", "wrappers", "launching", "telemetry", "plots"},
+    "teach": {"protocol", "wrappers", "launching", "telemetry", "plots", "network"},
     "checks": {"protocol", "wrappers", "launching", "telemetry", "teach", "xray"},
     "authoring": {"protocol"},
-    "peer": set(), "export": set(),
-    "doctor": {"launching", "peer"},
+    "network": set(), "export": set(),
+    "doctor": {"launching", "network"},
     "xray": {"collectors", "launching", "authoring"},  # authoring: the pitfall registry
     "__main__": set(),
 }
@@ -181,7 +181,7 @@ def test_the_cycle_finder_finds_a_circle():
 TORCH_FREE = ["course_lib", "course_lib.protocol", "course_lib.authoring.gate",
               "course_lib.authoring.coverage", "course_lib.authoring.exercises",
               "course_lib.authoring.stubs", "course_lib.doctor", "course_lib.checks",
-              "course_lib.peer", "course_lib.export"]
+              "course_lib.network", "course_lib.export"]
 
 
 def imported(*args: str) -> set[str]:

@@ -4,7 +4,8 @@ import subprocess
 import sys
 import time
 
-from course_lib import doctor, peer
+from course_lib import doctor
+from course_lib import network as peer
 from course_lib.teach.torchrun import free_ports
 
 

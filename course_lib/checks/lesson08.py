@@ -19,7 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, run_check
 from course_lib.checks.result import CheckResult
-from course_lib.teach.interconnect import Link, simulated_link
+from course_lib.teach.scaling_model import Link
+from course_lib.teach.simulated_link import simulated_link
 
 # A slow link and a model whose all-reduce dominates the step: 0.13 M parameters (0.53 MB)
 # at 0.2 Gbit/s with 4 ms a message take 29 ms on 2 ranks, 44 ms on 3; a step's compute

@@ -3,16 +3,8 @@
 from __future__ import annotations
 
 import socket
-import sys
 
-
-def loopback_interface() -> str:
-    """The loopback interface's name: "lo" on Linux, "lo0" on macOS."""
-    names = {name for _, name in socket.if_nameindex()}
-    for name in ("lo", "lo0"):
-        if name in names:
-            return name
-    raise RuntimeError(f"no loopback interface found among {sorted(names)} on {sys.platform}")
+from course_lib.network import loopback_interface
 
 
 def loopback_env() -> dict[str, str]:

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from course_lib.teach.interconnect import Link, simulated_link
+from course_lib.teach.scaling_model import Link
+from course_lib.teach.simulated_link import simulated_link
 
 MB = 1e6
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch.distributed as dist
 
-from course_lib.teach.interconnect import Link, predict_step
+from course_lib.teach.scaling_model import Link, predict_step
 
 
 def shared_samples(tel: Any, epoch: int = 0) -> int:
@@ -144,7 +144,7 @@ def speedup_explorer(nbytes: int, calls: dict[str, int], measured_s: float,
     import ipywidgets as widgets
     from IPython.display import display
 
-    from course_lib.teach.interconnect import PRESETS
+    from course_lib.teach.scaling_model import PRESETS
 
     links = widgets.Dropdown(options=list(PRESETS), value=link, description="link")
     world = widgets.SelectionSlider(options=[2, 4, 8, 16, 32, 64], value=8,

@@ -1,4 +1,10 @@
-"""Before a multi-node launch: can this node reach the other's port, and can it reach back?
+"""This node on the network, torch-free: its interfaces (which one gloo would bind to,
+loopback's name, which one holds an address), and, before a multi-node launch, whether
+another node reaches this one's port and this node reaches it back.
+
+    network_interfaces()      # each interface, its IPv4 address, the one gloo would use
+    loopback_interface()      # "lo" on Linux, "lo0" on macOS: where the launcher's ranks talk
+    interface_of("10.0.0.5")  # the interface that holds an address
 
 On node 0:      python -m course_lib doctor --listen 29500
 On each other:  python -m course_lib doctor --peer node0:29500
@@ -6,11 +12,15 @@ On each other:  python -m course_lib doctor --peer node0:29500
 The peer connects to HOST:PORT, names a port it listens on (on the address it used), and
 the listener connects back to it: both directions that gloo's full mesh needs. A failure
 names the problem (unknown host, nothing listening, no answer) instead of a hang at start-up.
+psutil is imported only where it is used: the launcher imports this module for
+loopback_interface alone.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 
@@ -23,14 +33,44 @@ class Reach:
     detail: str
 
 
+def network_interfaces() -> list[dict[str, str]]:
+    """This machine's interfaces with their IPv4 address, and which one gloo would bind to:
+    GLOO_SOCKET_IFNAME's if set, otherwise the one holding the hostname's address."""
+    rows = [{"interface": name, "ipv4": next(iter(ips), "")}
+            for name, ips in _ipv4_addresses().items()]
+    chosen = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    try:
+        host_ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        host_ip = ""
+    for row in rows:
+        by_env = row["interface"] == chosen
+        by_host = not chosen and row["ipv4"] == host_ip
+        row["gloo"] = ("<- GLOO_SOCKET_IFNAME" if by_env else
+                       f"<- hostname {socket.gethostname()} resolves here" if by_host else "")
+    return rows
+
+
+def loopback_interface() -> str:
+    """The loopback interface's name: "lo" on Linux, "lo0" on macOS."""
+    names = {name for _, name in socket.if_nameindex()}
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    raise RuntimeError(f"no loopback interface found among {sorted(names)} on {sys.platform}")
+
+
 def interface_of(ip: str) -> str:
     """The name of the interface that holds `ip` ("?" when none is found)."""
+    return next((name for name, ips in _ipv4_addresses().items() if ip in ips), "?")
+
+
+def _ipv4_addresses() -> dict[str, list[str]]:
+    """Each interface's name and its IPv4 addresses (none for an IPv6-only one)."""
     import psutil
 
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == ip for a in addrs):
-            return name
-    return "?"
+    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
+            for name, addrs in psutil.net_if_addrs().items()}
 
 
 def probe(host: str, port: int, wait: float = 10.0) -> Reach:
