@@ -1,4 +1,4 @@
-"""Checks for lesson 10's exercise: fix a training loop that hangs because each rank decides
+"""Check for lesson 10's first exercise: fix a training loop that hangs because each rank decides
 on its own loss when to stop."""
 
 from __future__ import annotations
