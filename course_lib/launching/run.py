@@ -48,9 +48,9 @@ class Run:
     @cached_property
     def telemetry(self) -> Telemetry:
         """Every rank's course_lib.telemetry records, merged (built on first use)."""
-        from course_lib.telemetry import Telemetry
+        from course_lib.telemetry import COLLECTOR, Telemetry
 
-        return Telemetry.from_payloads(extras.get("telemetry") for extras in self.extras)
+        return Telemetry.from_payloads(extras.get(COLLECTOR) for extras in self.extras)
 
     def __repr__(self) -> str:
         return (

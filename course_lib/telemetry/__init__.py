@@ -14,6 +14,7 @@ from course_lib.telemetry.chrome import chrome_trace, merge_traces
 from course_lib.telemetry.recorder import Recorder
 from course_lib.telemetry.run_telemetry import Telemetry, load
 from course_lib.telemetry.table import Table
+from course_lib.telemetry.transport import COLLECTOR as COLLECTOR  # the key Run.telemetry reads
 from course_lib.telemetry.transport import ENV_DIR
 
 load_profiler_traces = Telemetry.from_profiler_traces

@@ -18,13 +18,16 @@ from course_lib.telemetry.columns import COLUMNS
 from course_lib.telemetry.host import Exporter
 
 ENV_DIR = "COURSE_TELEMETRY_DIR"
+# The name this process's records travel under: Run.extras[rank][COLLECTOR], read by
+# Run.telemetry (course_lib/launching/run.py).
+COLLECTOR = "telemetry"
 _recorders: list[Exporter] = []
 
 
 def track(rec: Exporter) -> None:
     """Include `rec` in what this process sends back (or writes at exit)."""
     if not _recorders:
-        register_collector("telemetry", process_records)
+        register_collector(COLLECTOR, process_records)
         if os.environ.get(ENV_DIR):
             atexit.register(_write_at_exit, os.environ[ENV_DIR])
     _recorders.append(rec)
