@@ -3,6 +3,7 @@ every correct one shows none; the CLI's JSON shape and exit status."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -55,10 +56,10 @@ def case_args(path: Path) -> list[str]:
 
 
 def rule_ids() -> set[str]:
-    """Every id some detector judges (its module's CHECKS)."""
-    from course_lib.xray.detectors import modules
+    """Every id the x-ray judges: its rule table."""
+    from course_lib.xray.detectors import rules
 
-    return {pid for module in modules() for pid in module.CHECKS}
+    return {r.id for r in rules()}
 
 
 def run_case(path: Path, capsys) -> tuple[dict, int]:
@@ -89,17 +90,40 @@ def test_case(path: Path, capsys, tmp_path, monkeypatch) -> None:
 
 
 def test_every_rule_has_a_buggy_and_a_correct_case() -> None:
-    """Each id a detector judges is expected by a bad_ case and checked by a good_ case
-    (`# checks:`, verified when test_case runs it); each probe's FEEDS names known ids."""
-    from course_lib.xray.probes import FEEDS, PROBES
-
-    bad = {pid for p in CASES.glob("bad_*.py") for pid in expected(p) | expected_suspicions(p)}
+    """Each rule is expected by a bad_<ID>_ case and checked by a good_ case (`# checks:`,
+    verified when test_case runs it); no case names an id without a rule."""
+    found = {p: expected(p) | expected_suspicions(p) for p in CASES.glob("bad_*.py")}
+    bad = {pid for p, ids in found.items() for pid in ids & set(p.stem.split("_"))}
     good = {pid for p in CASES.glob("good_*.py") for pid in header(p, "checks")}
     rules = rule_ids()
-    assert not rules - bad, f"rules without a buggy case: {sorted(rules - bad)}"
+    assert not rules - bad, f"rules without a bad_<ID>_ case: {sorted(rules - bad)}"
     assert not rules - good, f"rules no correct case checks: {sorted(rules - good)}"
-    assert bad | good <= rules, f"cases name unknown rules: {sorted((bad | good) - rules)}"
-    assert set(FEEDS) == set(PROBES) and set().union(*FEEDS.values()) <= rules
+    named = set().union(*found.values(), good)
+    assert named <= rules, f"cases name unknown rules: {sorted(named - rules)}"
+
+
+def _noted_kinds(module) -> set[str]:
+    """The event kinds a module writes: the first argument of its record.note calls."""
+    import ast
+    import inspect
+
+    return {node.args[0].value for node in ast.walk(ast.parse(inspect.getsource(module)))
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "note"
+            and node.args and isinstance(node.args[0], ast.Constant)}
+
+
+def test_every_event_kind_has_a_schema_and_its_writer() -> None:
+    """events.EVENTS names, for each kind, the probe whose record.note writes it, and every
+    kind a rule needs is written by a probe (not only declared)."""
+    from course_lib.xray.detectors import rules
+    from course_lib.xray.events import EVENTS
+    from course_lib.xray.probes import PROBES
+
+    written = {k: p.__name__.rsplit(".", 1)[1] for p in PROBES for k in _noted_kinds(p)}
+    written["probe_error"] = "record"  # record.guard's own
+    assert written == {k: kind.writer for k, kind in EVENTS.items()}
+    needed = {k for r in rules() for k in r.needs}
+    assert needed <= set(written) and "probe_error" not in needed
 
 
 def test_command_line_json_and_exit_status() -> None:
@@ -188,16 +212,34 @@ def _obs(*per_rank: list[dict]):
 
 
 def _ev(kind: str, t: float = 0.0, **fields) -> dict:
-    return {"kind": kind, "where": "train.py:7", "t": t, **fields}
+    """An event as a probe writes it (it must match its schema in xray/events.py)."""
+    from course_lib.xray.events import mismatch
+
+    event = {"kind": kind, "where": "train.py:7", "t": t, **fields}
+    assert not mismatch(event), mismatch(event)
+    return event
 
 
-def _ids(detector, obs) -> list[tuple[str, str]]:
-    return [(f.id, f.certainty) for f in detector.detect(obs)]
+def _detect(area, obs) -> list:
+    """The findings of the rules declared in one detector module."""
+    from course_lib.xray.detectors import rules
+
+    found = [r.judge(obs) for r in rules() if r.judge.__module__ == area.__name__]
+    return [f for f in found if f is not None]
+
+
+def _ids(area, obs) -> list[tuple[str, str]]:
+    return [(f.id, f.certainty) for f in _detect(area, obs)]
+
+
+_COUNTS = {"synced": 1, "local": 0, "all_used": 1, "no_sync": 0}
 
 
 def _step(step: int, grads: list[float], params: list[float], **counts) -> dict:
+    counts = {**_COUNTS, **counts}
+    counts.setdefault("accumulated", counts["synced"])
     return _ev("opt_step", step=step, opt="SGD#1", grads=grads, params=params, shapes="s",
-               **{"synced": 1, "local": 0, "all_used": 1, **counts})
+               **counts)
 
 
 def test_p08_needs_averaged_gradients_and_differing_replicas() -> None:
@@ -211,7 +253,7 @@ def test_p08_needs_averaged_gradients_and_differing_replicas() -> None:
     assert _ids(model, in_sync) == []
     # the first parameter's gradient averaged, the second's not: the second drifts apart
     partial = _obs([_step(3, same, same)], [_step(3, [same[0], other[1]], [same[0], other[1]])])
-    findings = model.detect(partial)
+    findings = _detect(model, partial)
     assert [f.id for f in findings] == ["P08"] and "1 of 2 parameters differ" in \
         findings[0].evidence
 
@@ -221,7 +263,7 @@ def test_p09_counts_synced_backwards_per_step() -> None:
     def steps(synced: int, local: int) -> list[dict]:
         return [_step(i, [[1.0, 1.0]], [[1.0, 1.0]], synced=synced, local=local)
                 for i in range(1, 5)]
-    findings = model.detect(_obs(steps(4, 0), steps(4, 0)))
+    findings = _detect(model, _obs(steps(4, 0), steps(4, 0)))
     assert [f.id for f in findings] == ["P09"]
     assert "16 backward passes" in findings[0].evidence and "4 optimizer steps" in \
         findings[0].evidence
@@ -290,13 +332,13 @@ def test_p12_prefixed_keys_into_a_plain_model() -> None:
                                          **outcome})
     plain = _obs([loaded(False, 4, error="RuntimeError: Error(s)\n\tUnexpected key(s) in "
                                             "state_dict: \"module.w\"")], [])
-    findings = checkpoint.detect(plain)
+    findings = _detect(checkpoint, plain)
     assert [f.id for f in findings] == ["P12"] and "Unexpected key(s)" in findings[0].evidence
-    assert checkpoint.detect(_obs([loaded(True, 4, missing=0, unexpected=0)], [])) == []
-    assert checkpoint.detect(_obs([loaded(False, 0, missing=0, unexpected=0)], [])) == []
+    assert _detect(checkpoint, _obs([loaded(True, 4, missing=0, unexpected=0)], [])) == []
+    assert _detect(checkpoint, _obs([loaded(False, 0, missing=0, unexpected=0)], [])) == []
     # a model with its own submodule named 'module' loads its 'module.' keys cleanly
-    assert checkpoint.detect(_obs([loaded(False, 4, missing=0, unexpected=0)], [])) == []
-    lenient = checkpoint.detect(_obs([loaded(False, 4, strict=False, missing=4,
+    assert _detect(checkpoint, _obs([loaded(False, 4, missing=0, unexpected=0)], [])) == []
+    lenient = _detect(checkpoint, _obs([loaded(False, 4, strict=False, missing=4,
                                              unexpected=4)], []))
     assert [f.id for f in lenient] == ["P12"] and "4 of the model's keys" in lenient[0].evidence
 
@@ -304,11 +346,13 @@ def test_p12_prefixed_keys_into_a_plain_model() -> None:
 def test_s3_fp16_without_scaler_and_zero_gradients() -> None:
     from course_lib.xray.detectors import amp
     fp16 = _ev("autocast", device="cpu", dtype="float16", training=True)
-    steps = [_ev("opt_step", step=i, zero=99, values=100, max_abs=1e-7) for i in (1, 2)]
+    steps = [_ev("opt_step", step=i, opt="SGD#1", zero=99, values=100, max_abs=1e-7,
+                 accumulated=1, **_COUNTS) for i in (1, 2)]
     assert _ids(amp, _obs([fp16, *steps], [fp16, *steps])) == [("S3", "confirmed")]
     scaled = _ev("scaler_scale")
     assert _ids(amp, _obs([fp16, scaled, *steps], [fp16, scaled, *steps])) == []
-    healthy = [_ev("opt_step", step=1, zero=1, values=100, max_abs=0.1)]
+    healthy = [_ev("opt_step", step=1, opt="SGD#1", zero=1, values=100, max_abs=0.1,
+                   accumulated=1, **_COUNTS)]
     assert _ids(amp, _obs([fp16, *healthy], [fp16, *healthy])) == [("S3", "suspected")]
     bf16 = _ev("autocast", device="cpu", dtype="bfloat16", training=True)
     assert _ids(amp, _obs([bf16, *steps], [bf16, *steps])) == []
@@ -382,15 +426,33 @@ def test_a_broken_probe_says_could_not_check_and_never_breaks_the_run(probe) -> 
     import functools
 
     from course_lib import xray
-    from course_lib.xray.probes import FEEDS
+    from course_lib.xray.detectors import rules
+    from course_lib.xray.events import EVENTS
 
     report = xray(functools.partial(_train_with_a_broken_probe, probe), world_size=2,
                   timeout=60)
     assert report.failure is None, str(report)
-    for pid in FEEDS[probe]:
+    fed = [r.id for r in rules() if any(EVENTS[k].writer == probe for k in r.needs)]
+    assert fed
+    for pid in fed:
         assert any(line.startswith(f"{pid}: the x-ray's {probe} probe failed on rank")
                    for line in report.not_checked), str(report)
         assert pid not in report.ids and not any(c.startswith(pid) for c in report.checked)
+
+
+def test_a_run_s_events_match_their_schemas() -> None:
+    """Every event a real DDP run's probes wrote has its kind's fields (xray/events.py)."""
+    from course_lib import xray
+    from course_lib.xray.events import mismatch
+    from course_lib.xray.observation import COLLECTOR
+
+    report = xray(functools.partial(_train_with_a_broken_probe, "no probe"), world_size=2,
+                  timeout=60)
+    events = [e for extras in report.run.extras for e in extras[COLLECTOR]]
+    assert [mismatch(e) for e in events if mismatch(e)] == []
+    assert {"loader", "pass", "sampler", "set_epoch", "print", "collective", "ddp_buffer_sync",
+            "ddp", "batchnorm", "opt_step", "autocast", "save", "load",
+            "load_state_dict"} <= {e["kind"] for e in events}
 
 
 def test_a_notebook_cell_is_named_as_ipython_names_it(monkeypatch):

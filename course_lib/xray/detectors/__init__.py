@@ -1,63 +1,55 @@
-"""Detectors: each judges one area of an Observation and returns its Findings.
+"""Detectors: the rules (xray/rules.py), one area module each, judged over one run.
 
-Each module has detect(obs) -> list[Finding], CHECKS (the ids it can judge) and optionally
-not_checked(obs) -> list[str] ("P12: no checkpoint was saved").
+Importing an area module declares its rules; AREAS imports each once, so a module that
+fails to import is an error, never a rule silently left out.
 """
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
 from course_lib.authoring.pitfalls import PITFALLS
+from course_lib.xray.detectors import amp, checkpoint, data, desync, model, output
+from course_lib.xray.events import EVENTS
 from course_lib.xray.observation import Observation
-from course_lib.xray.probes import FEEDS
-from course_lib.xray.report import Report
+from course_lib.xray.report import Finding, Report
+from course_lib.xray.rules import RULES, Rule
 
-DETECTORS = ["data", "output", "desync", "model", "checkpoint", "amp"]
-
-# A finding that explains another's symptom: the second is left out when the first is there
-# (uneven batches end in a hang that the desync report shows as ranks on different paths).
-EXPLAINS = {"P20": {"S1"}}
+AREAS = (data, output, desync, model, checkpoint, amp)  # the report's order
 
 
-def modules() -> list[ModuleType]:
-    """The detector modules, in DETECTORS' order (one that fails to import is an error)."""
-    return [importlib.import_module(f"course_lib.xray.detectors.{name}") for name in DETECTORS]
-
-
-def _broken_probes(obs: Observation) -> dict[str, str]:
-    """Each id a failed probe feeds, with why it could not be judged: a broken probe's
-    missing events must never read as the learner's code doing something (or not)."""
-    out: dict[str, str] = {}
-    for rank, e in obs.of("probe_error"):
-        for pid in FEEDS.get(e.get("probe", ""), ()):
-            out.setdefault(pid, f"the x-ray's {e['probe']} probe failed on rank {rank} "
-                                f"({e['error']})")
-    return out
+def rules() -> list[Rule]:
+    """Every rule, area by area in AREAS' order, each area's in the order declared (a rule
+    declared outside these modules is a KeyError: it would never be judged)."""
+    order = {area.__name__: i for i, area in enumerate(AREAS)}
+    return sorted(RULES.values(), key=lambda r: order[r.judge.__module__])
 
 
 def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Report:
-    """Every detector's findings on `obs`, with what was checked and what was not."""
-    findings, not_checked, checks = [], [], []
-    for module in modules():
-        findings += module.detect(obs)
-        checks += module.CHECKS
-        if hasattr(module, "not_checked"):
-            not_checked += module.not_checked(obs)
-    broken = _broken_probes(obs)
-    findings = [f for f in findings if f.id not in broken]
-    not_checked += [f"{pid}: {why}" for pid, why in broken.items()]
-    for rank, e in obs.of("probe_error"):
-        if not FEEDS.get(e.get("probe", "")):
-            not_checked.append(f"x-ray: a probe failed on rank {rank} ({e['error']}); what it "
-                               "watches may be incomplete")
+    """Every rule judged on `obs`: its findings, what was checked clean, and what could not
+    be checked (a probe it needs failed, or the rule's own reason)."""
+    findings: list[Finding] = []
+    not_checked: list[str] = []
+    for r in rules():
+        why = r.broken_probe(obs)
+        found = None if why else r.judge(obs)
+        if found is not None:
+            findings.append(found)
+            continue
+        why = why or r.unjudged_because(obs)
+        if why:
+            not_checked.append(f"{r.id}: {why}")
+    not_checked += _unfed_probe_errors(obs)
     ids = {f.id for f in findings}
-    hidden = set().union(*(EXPLAINS.get(i, set()) for i in ids))
+    hidden = {h for pid in ids for h in RULES[pid].hides}
     findings = sorted((f for f in findings if f.id not in hidden), key=lambda f: not f.confirmed)
-    findings = list({f.id: f for f in reversed(findings)}.values())[::-1]  # one per id
     unjudged = {line.split(":", 1)[0] for line in not_checked}
-    checked = [f"{pid} {PITFALLS[pid].title}" for pid in dict.fromkeys(checks)
-               if pid not in unjudged and pid not in ids]
+    checked = [f"{r.id} {PITFALLS[r.id].title}" for r in rules()
+               if r.id not in unjudged and r.id not in ids]
     return Report(findings=findings, checked=checked, not_checked=not_checked,
                   error=error_text, title=title)
+
+
+def _unfed_probe_errors(obs: Observation) -> list[str]:
+    """A failed probe that no rule needs (the spawn probe, a bug outside any probe)."""
+    needed = {EVENTS[kind].writer for r in RULES.values() for kind in r.needs}
+    return [f"x-ray: a probe failed on rank {rank} ({e['error']}); what it watches may be "
+            "incomplete" for rank, e in obs.of("probe_error") if e["probe"] not in needed]

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
-
-CHECKS = ["S3"]
+from course_lib.xray.rules import rule
 
 MOSTLY_ZERO = 0.5  # a step whose gradient values are at least this fraction exactly 0.0
 
 
-def detect(obs: Observation) -> list[Finding]:
+def _no_fp16(obs: Observation) -> str:
+    if obs.of("fp16_params") or any(e["dtype"] == "float16" for _, e in obs.of("autocast")):
+        return ""
+    return "no fp16 autocast ran and no fp16 weights were trained"
+
+
+@rule("S3", needs=("autocast", "fp16_params", "scaler_scale", "opt_step"), unjudged=_no_fp16)
+def _s3(obs: Observation) -> Finding | None:
     """S3 on the first rank that trained under fp16 autocast without scaling its loss:
     confirmed when most steps' gradients were mostly exactly zero, else suspected."""
     for rank in sorted(obs.events):
@@ -25,9 +31,9 @@ def detect(obs: Observation) -> list[Finding]:
         steps = [e for r, e in obs.of("opt_step") if r == rank and e.get("values")]
         where = fp16[0]["where"]
         if not steps:
-            return [finding("S3", f"rank {rank} trained under fp16 autocast "
-                                  f"({fp16[0]['device']}) without a GradScaler; no optimizer "
-                                  f"step came to measure its gradients", where, "suspected")]
+            return finding("S3", f"rank {rank} trained under fp16 autocast "
+                                 f"({fp16[0]['device']}) without a GradScaler; no optimizer "
+                                 f"step came to measure its gradients", where, "suspected")
         fractions = [e["zero"] / e["values"] for e in steps]
         zero_steps = sum(f >= MOSTLY_ZERO for f in fractions)
         all_zero = sum(e["max_abs"] == 0.0 for e in steps)
@@ -40,13 +46,5 @@ def detect(obs: Observation) -> list[Finding]:
         if all_zero:
             evidence += f" (max |grad| was exactly 0.0 at {all_zero} of them)"
         confirmed = all_zero or zero_steps * 2 >= len(steps)
-        return [finding("S3", evidence, where, "confirmed" if confirmed else "suspected")]
-    return []
-
-
-def not_checked(obs: Observation) -> list[str]:
-    """What this run gave nothing to judge."""
-    if not obs.of("fp16_params") and not any(e["dtype"] == "float16"
-                                             for _, e in obs.of("autocast")):
-        return ["S3: no fp16 autocast ran and no fp16 weights were trained"]
-    return []
+        return finding("S3", evidence, where, "confirmed" if confirmed else "suspected")
+    return None

@@ -8,34 +8,26 @@ from typing import Any
 
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
-
-CHECKS = ["P12", "P15"]
+from course_lib.xray.rules import rule
 
 SOON_MS = 1000  # a failed load this close before another rank's save of the file raced it
 
 
-def detect(obs: Observation) -> list[Finding]:
-    """Every finding this area shows in the run."""
-    found = [_p12(obs), _p15(obs)]
-    return [f for f in found if f is not None]
+def _nothing_loaded(obs: Observation) -> str:
+    if obs.of("load_state_dict"):
+        return ""
+    prefixed = [e for _, e in obs.of("save") if e["prefixed"]]
+    return (f"the checkpoint saved at {prefixed[0]['where']} has 'module.' keys but no state "
+            f"dict was loaded in this run" if prefixed else "no state dict was loaded into a model")
 
 
-def not_checked(obs: Observation) -> list[str]:
-    """What this run gave nothing to judge."""
-    out = []
-    saves = obs.of("save")
-    if not obs.of("load_state_dict"):
-        prefixed = [e for _, e in saves if e["prefixed"]]
-        out.append(f"P12: the checkpoint saved at {prefixed[0]['where']} has 'module.' keys "
-                   f"but no state dict was loaded in this run" if prefixed else
-                   "P12: no state dict was loaded into a model")
-    if not saves:
-        out.append("P15: no checkpoint was saved with torch.save")
-    elif not obs.of("load"):
-        out.append("P15: no checkpoint was loaded with torch.load")
-    return out
+def _no_save_and_load(obs: Observation) -> str:
+    if not obs.of("save"):
+        return "no checkpoint was saved with torch.save"
+    return "" if obs.of("load") else "no checkpoint was loaded with torch.load"
 
 
+@rule("P12", needs=("load_state_dict", "save"), unjudged=_nothing_loaded)
 def _p12(obs: Observation) -> Finding | None:
     """A state dict loaded into a module whose keys do not carry the same DDP prefix."""
     for rank, e in obs.of("load_state_dict"):
@@ -67,6 +59,7 @@ def _key_error(error: str) -> str:
     return (keys[-1] if keys else lines[0])[:100]
 
 
+@rule("P15", needs=("save", "load"), unjudged=_no_save_and_load)
 def _p15(obs: Observation) -> Finding | None:
     """A load by one rank that began before another rank's save of the same file ended:
     while it was written, or before it was written when the saver itself read it after."""

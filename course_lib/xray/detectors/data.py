@@ -8,8 +8,8 @@ from typing import Any
 
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
+from course_lib.xray.rules import rule
 
-CHECKS = ["P03", "P04", "P18", "P20", "X1", "X2"]
 SAME_SHARE = 0.5  # ranks that share at least this fraction of their samples read the same data
 COLLECTIVES_THAT_COMBINE = {"all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
                             "gather", "all_gather_object", "gather_object",
@@ -19,29 +19,30 @@ _METRIC = re.compile(r"\d\.\d|\d\s*%|\d\s*/\s*\d")  # 0.93, 93 %, 93/100: a meas
 Pass = dict[str, Any]
 
 
-def detect(obs: Observation) -> list[Finding]:
-    """Every data finding this run shows."""
-    groups = _groups(obs)
-    return [*_p18(obs), *_p03(obs, groups), *_p04(obs), *_p20(obs, groups),
-            *_x1(obs, groups), *_x2(obs, groups)]
+# -- why a run gave a rule nothing to judge ------------------------------------------------------
+
+def _no_training(obs: Observation) -> str:
+    if not any(_training(p) for _, p in obs.of("pass")):
+        return "no training loop over a DataLoader ran"
+    return ""
 
 
-def not_checked(obs: Observation) -> list[str]:
-    """The data pitfalls this run gave no evidence on either way."""
-    passes = [p for _, p in obs.of("pass")]
-    out = []
-    if not obs.of("loader"):
-        out.append("P18: no DataLoader was made")
-    if not any(_training(p) for p in passes):
-        out += [f"{pid}: no training loop over a DataLoader ran" for pid in ("P03", "P04",
-                                                                              "P20")]
-    elif not _repeated_training(obs):
-        out.append("P04: no DataLoader was trained on for two epochs")
+def _no_training_across_ranks(obs: Observation) -> str:
+    return _no_training(obs) or ("one rank only" if obs.world_size < 2 else "")
+
+
+def _no_second_epoch(obs: Observation) -> str:
+    if _no_training(obs) or _repeated_training(obs):
+        return _no_training(obs)
+    return "no DataLoader was trained on for two epochs"
+
+
+def _no_evaluation_across_ranks(obs: Observation) -> str:
     if obs.world_size < 2:
-        out += [f"{pid}: one rank only" for pid in ("P03", "P20", "X1", "X2")]
-    if not any(_eval(p) for p in passes):
-        out += [f"{pid}: no evaluation loop over a DataLoader ran" for pid in ("X1", "X2")]
-    return list(dict.fromkeys(out))
+        return "one rank only"
+    if not any(_eval(p) for _, p in obs.of("pass")):
+        return "no evaluation loop over a DataLoader ran"
+    return ""
 
 
 # -- the passes, lined up across ranks --------------------------------------------------------
@@ -93,16 +94,18 @@ def _epoch(p: Pass) -> str:
 
 # -- P18 ----------------------------------------------------------------------------------------
 
-def _p18(obs: Observation) -> list[Finding]:
+@rule("P18", needs=("loader",),
+      unjudged=lambda obs: "" if obs.of("loader") else "no DataLoader was made")
+def _p18(obs: Observation) -> Finding | None:
     bad = [(r, e) for r, e in obs.of("loader") if e["shuffle"] and e["sampler"]]
     if not bad:
-        return []
+        return None
     _, e = bad[0]
     raised = "mutually exclusive with shuffle" in _error_text(obs)
     what = (" and DataLoader raised 'sampler option is mutually exclusive with shuffle'"
             if raised else "")
-    return [finding("P18", f"DataLoader(shuffle=True, sampler={e['sampler']}(...)) was made on "
-                           f"{len({r for r, _ in bad})} rank(s){what}", e["where"])]
+    return finding("P18", f"DataLoader(shuffle=True, sampler={e['sampler']}(...)) was made on "
+                          f"{len({r for r, _ in bad})} rank(s){what}", e["where"])
 
 
 def _error_text(obs: Observation) -> str:
@@ -111,17 +114,18 @@ def _error_text(obs: Observation) -> str:
 
 # -- P03 ----------------------------------------------------------------------------------------
 
-def _p03(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
-    for group in groups:
+@rule("P03", needs=("pass", "sampler"), unjudged=_no_training_across_ranks)
+def _p03(obs: Observation) -> Finding | None:
+    for group in _groups(obs):
         passes = [group[r] for r in sorted(group)]
         if not all(_training(p) for p in passes):
             continue
         twins, evidence = _twins(group)
         if evidence:
-            return [finding("P03", f"{_ranks(twins)} {evidence} in {_epoch(passes[0])}"
-                                   f"{_unused_sampler(obs)}", _line(passes[0]))]
-        return []  # judged on the first training pass
-    return []
+            return finding("P03", f"{_ranks(twins)} {evidence} in {_epoch(passes[0])}"
+                                  f"{_unused_sampler(obs)}", _line(passes[0]))
+        return None  # judged on the first training pass
+    return None
 
 
 def _twins(group: dict[int, Pass]) -> tuple[list[int], str]:
@@ -193,7 +197,8 @@ def _repeated_training(obs: Observation) -> dict[tuple[int, str], list[Pass]]:
     return {k: v for k, v in runs.items() if len(v) >= 2}
 
 
-def _p04(obs: Observation) -> list[Finding]:
+@rule("P04", needs=("pass", "set_epoch"), unjudged=_no_second_epoch)
+def _p04(obs: Observation) -> Finding | None:
     repeated: dict[str, dict[int, list[Pass]]] = defaultdict(dict)
     for (rank, line), passes in _repeated_training(obs).items():
         repeated[line][rank] = [p for p in passes
@@ -214,9 +219,9 @@ def _p04(obs: Observation) -> list[Finding]:
         why = ("set_epoch() was never called" if not calls else
                f"the sampler's epoch was {epoch} at the start of "
                f"{'every epoch' if every else 'both'}")
-        return [finding("P04", f"every rank read its {n} samples in the same order in {when} "
-                               f"(DistributedSampler(shuffle=True); {why})", line)]
-    return []
+        return finding("P04", f"every rank read its {n} samples in the same order in {when} "
+                              f"(DistributedSampler(shuffle=True); {why})", line)
+    return None
 
 
 def _repeated_order(by_rank: list[list[Pass]]) -> tuple[int, int] | None:
@@ -231,9 +236,13 @@ def _repeated_order(by_rank: list[list[Pass]]) -> tuple[int, int] | None:
 
 # -- P20 ----------------------------------------------------------------------------------------
 
-def _p20(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
+@rule("P20", needs=("pass", "join"), unjudged=_no_training_across_ranks, hides=("S1",))
+def _p20(obs: Observation) -> Finding | None:
+    """Ranks whose loaders ran out at different steps (their hang is P20's symptom, so the
+    desync it ends in, S1, is not reported beside it)."""
     if any(e["enable"] for _, e in obs.of("join")):
-        return []  # uneven inputs under Join (model.join()): handled
+        return None  # uneven inputs under Join (model.join()): handled
+    groups = _groups(obs)
     for group in groups:
         if not any(_training(p) for p in group.values()):
             continue
@@ -243,10 +252,10 @@ def _p20(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
             short = min(ended, key=ended.get)
             long = max(counts, key=counts.get)
             p = group[short]
-            return [finding("P20", f"in {_epoch(p)}, rank {short}'s loader ran out after "
-                                   f"{ended[short]} batches while rank {long} took "
-                                   f"{counts[long]}: rank {long}'s extra steps wait for a "
-                                   f"peer that left the loop", _line(p))]
+            return finding("P20", f"in {_epoch(p)}, rank {short}'s loader ran out after "
+                                  f"{ended[short]} batches while rank {long} took "
+                                  f"{counts[long]}: rank {long}'s extra steps wait for a "
+                                  f"peer that left the loop", _line(p))
     for group in groups:
         if not any(_training(p) for p in group.values()):
             continue
@@ -255,10 +264,10 @@ def _p20(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
             sizes = {r: sum(p["sizes"]) for r, p in group.items()}
             p = next(iter(group.values()))
             text = ", ".join(f"rank {r}: {n}" for r, n in sorted(sizes.items()))
-            return [finding("P20", f"in {_epoch(p)} the ranks trained on different numbers "
-                                   f"of samples ({text}): their gradients are averaged as if "
-                                   f"equal", _line(p), certainty="suspected")]
-    return []
+            return finding("P20", f"in {_epoch(p)} the ranks trained on different numbers "
+                                  f"of samples ({text}): their gradients are averaged as if "
+                                  f"equal", _line(p), certainty="suspected")
+    return None
 
 
 # -- X1 and X2 ----------------------------------------------------------------------------------
@@ -273,8 +282,9 @@ def _combined_after(obs: Observation, rank: int, start: float, end: float) -> li
             if r == rank and start <= e["t"] <= end and e["op"] in COLLECTIVES_THAT_COMBINE]
 
 
-def _x1(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
-    for group in _eval_groups(groups):
+@rule("X1", needs=("pass", "collective"), unjudged=_no_evaluation_across_ranks)
+def _x1(obs: Observation) -> Finding | None:
+    for group in _eval_groups(_groups(obs)):
         p = group[min(group)]
         settings, size = p["distributed"], p["dataset_len"]
         if not settings or not size or settings["total_size"] <= size:
@@ -286,12 +296,12 @@ def _x1(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
             continue
         summed = any(e["op"] in ("all_reduce", "reduce") for e in combined)
         how = "summed them" if summed else "gathered them (a gather can drop the padding)"
-        return [finding("X1", f"in evaluation the {len(group)} ranks read {read} samples of a "
-                              f"{size}-sample dataset and {how}: {extra} sample(s) counted "
-                              f"twice (DistributedSampler pads each rank to "
-                              f"{settings['total_size'] // settings['num_replicas']})",
-                        _line(p), certainty="confirmed" if summed else "suspected")]
-    return []
+        return finding("X1", f"in evaluation the {len(group)} ranks read {read} samples of a "
+                             f"{size}-sample dataset and {how}: {extra} sample(s) counted "
+                             f"twice (DistributedSampler pads each rank to "
+                             f"{settings['total_size'] // settings['num_replicas']})",
+                       _line(p), certainty="confirmed" if summed else "suspected")
+    return None
 
 
 def _window_end(obs: Observation, p: Pass) -> float:
@@ -309,8 +319,9 @@ def _rank_of(obs: Observation, p: Pass) -> int:
     return next(r for r, events in obs.events.items() if any(e is p for e in events))
 
 
-def _x2(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
-    for group in _eval_groups(groups):
+@rule("X2", needs=("pass", "print", "collective"), unjudged=_no_evaluation_across_ranks)
+def _x2(obs: Observation) -> Finding | None:
+    for group in _eval_groups(_groups(obs)):
         indices = [set(_consumed(p)) for p in group.values()]
         if not all(indices) or _shared(indices) >= SAME_SHARE * min(map(len, indices)):
             continue  # each rank evaluated everything: its own number is the whole set's
@@ -323,7 +334,7 @@ def _x2(obs: Observation, groups: list[dict[int, Pass]]) -> list[Finding]:
                 continue
             size = p["dataset_len"]
             of = f" of the {size} evaluation samples" if size else " of the evaluation samples"
-            return [finding("X2", f"rank {rank} printed {prints[0]['text'][:60]!r} after "
-                                  f"evaluating {len(indices[rank])}{of}, with no collective "
-                                  f"combining the ranks' results in between", prints[0]["where"])]
-    return []
+            return finding("X2", f"rank {rank} printed {prints[0]['text'][:60]!r} after "
+                                 f"evaluating {len(indices[rank])}{of}, with no collective "
+                                 f"combining the ranks' results in between", prints[0]["where"])
+    return None

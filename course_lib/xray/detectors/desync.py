@@ -10,19 +10,38 @@ from course_lib.launching.desync_report import DesyncReport, first_difference
 from course_lib.launching.errors import is_collective_error
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
+from course_lib.xray.rules import rule
 
-CHECKS = ["S1", "X3"]
 _DDP_FORWARD = ("DDP's forward", "DDP's buffer broadcast")
 _LINE = re.compile(r"^(?P<fn>[^,]+), line (?P<line>\d+)")
 
 
-def detect(obs: Observation) -> list[Finding]:
+def _no_report(obs: Observation) -> str:
+    if obs.error is None or obs.desync is not None:
+        return ""  # a run that ended normally had no hang and no desync to explain
+    return "the run failed, but no desync report was made (flight recorder off)"
+
+
+# S1 and X3 come from one reading of the desync report: each rule keeps its own id.
+@rule("S1", needs=("collective", "ddp_buffer_sync"), unjudged=_no_report)
+def _s1(obs: Observation) -> Finding | None:
+    found = _desync(obs)
+    return found if found is not None and found.id == "S1" else None
+
+
+@rule("X3", needs=("ddp_buffer_sync", "collective"), unjudged=_no_report)
+def _x3(obs: Observation) -> Finding | None:
+    found = _desync(obs)
+    return found if found is not None and found.id == "X3" else None
+
+
+def _desync(obs: Observation) -> Finding | None:
     """S1 or X3 when the ranks' collectives part; nothing when they agree."""
     report = obs.desync
     if report is None or (report.first_difference is None and not report.mismatch):
-        return []
+        return None
     if _crashed(obs):
-        return []  # a rank's own error ended the run: its peers waited for it, no desync
+        return None  # a rank's own error ended the run: its peers waited for it, no desync
     aborted = [r for r in report.mismatch if r in report.missing]
     if aborted or report.first_difference is None:
         return _mismatch(obs, report, aborted or report.mismatch)
@@ -34,17 +53,17 @@ def detect(obs: Observation) -> list[Finding]:
                                                     or c.where != calls[in_forward[0]].where)
                         ] if in_forward else []
     if in_forward and others_elsewhere and _evaluating(obs, in_forward[0]):
-        return [finding("X3", report.summary, _where(obs, calls[in_forward[0]].where))]
+        return finding("X3", report.summary, _where(obs, calls[in_forward[0]].where))
     stuck = [t for t in report.traces if t.dumped and not t.at(seq)
              and t.ended == "still running" and not t.inside]
     absent = [t for t in report.traces if t.dumped and not t.at(seq)]
     # A rank stuck outside any collective (a sleep, a file it waits for) is a hang, but not
     # proven to be a different path to a collective: its stack says more.
     certainty = "suspected" if absent and len(stuck) == len(absent) else "confirmed"
-    return [finding("S1", report.summary, _where(obs, _branch(report)), certainty)]
+    return finding("S1", report.summary, _where(obs, _branch(report)), certainty)
 
 
-def _mismatch(obs: Observation, report: DesyncReport, ranks: list[int]) -> list[Finding]:
+def _mismatch(obs: Observation, report: DesyncReport, ranks: list[int]) -> Finding:
     """Gloo's size check aborted a rank, so its recorder is lost: its journaled events say
     whether it was evaluating through DDP while the others trained (X3), else S1."""
     evidence = report.summary.split(" Rank(s) ")[0]
@@ -54,10 +73,10 @@ def _mismatch(obs: Observation, report: DesyncReport, ranks: list[int]) -> list[
         if syncs and others and not (syncs[-1]["grad"] and syncs[-1]["training"]) \
                 and others[-1]["grad"] and others[-1]["training"]:
             how = "under no_grad" if not syncs[-1]["grad"] else "in eval mode"
-            return [finding("X3", f"rank {rank}'s last DDP forward ran {how} (an evaluation "
-                                  f"through the DDP wrapper) while the other ranks' ran a "
-                                  f"training step. {evidence}", _last_line(obs, rank))]
-    return [finding("S1", evidence + _last_calls(obs), _last_line(obs, ranks[0]))]
+            return finding("X3", f"rank {rank}'s last DDP forward ran {how} (an evaluation "
+                                 f"through the DDP wrapper) while the other ranks' ran a "
+                                 f"training step. {evidence}", _last_line(obs, rank))
+    return finding("S1", evidence + _last_calls(obs), _last_line(obs, ranks[0]))
 
 
 def _last_calls(obs: Observation) -> str:
@@ -117,12 +136,3 @@ def _where(obs: Observation, where: str) -> str:
     if not match:
         return ""
     return f"{obs.source}:{match['line']}" if obs.source else f"{match['fn']}, line {match['line']}"
-
-
-def not_checked(obs: Observation) -> list[str]:
-    if obs.error is None:
-        return []  # a run that ended normally had no hang and no desync to explain
-    if obs.desync is None:
-        return ["S1: the run failed, but no desync report was made (flight recorder off)",
-                "X3: the run failed, but no desync report was made (flight recorder off)"]
-    return []

@@ -10,8 +10,7 @@ from typing import Any
 
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
-
-CHECKS = ["P05", "P08", "P09", "P10"]
+from course_lib.xray.rules import one_rank, rule
 
 SMALL_BATCH = 16  # per-rank BatchNorm batches up to this size give noisy statistics
 GRADS_EQUAL = 1e-6  # relative: gradients averaged across ranks are equal on every rank
@@ -20,31 +19,21 @@ UNUSED_ERROR = ("Expected to have finished reduction in the prior iteration",
                 "parameters that were not used in producing loss")
 
 
-def detect(obs: Observation) -> list[Finding]:
-    """Every finding this area shows in the run."""
-    if obs.world_size < 2:
-        return []
-    found = [_p05(obs), _p08(obs), _p09(obs), _p10(obs)]
-    return [f for f in found if f is not None]
+def _no_step(obs: Observation) -> str:
+    return one_rank(obs) or ("" if obs.of("opt_step") else "no optimizer step ran")
 
 
-def not_checked(obs: Observation) -> list[str]:
-    """What this run gave nothing to judge."""
-    if obs.world_size < 2:
-        return [f"{pid}: one rank only" for pid in CHECKS]
-    out = []
-    if not obs.of("ddp"):
-        out += ["P09: the model was not wrapped in DistributedDataParallel",
-                "P10: the model was not wrapped in DistributedDataParallel"]
-    elif not obs.of("opt_step"):
-        out += ["P09: no optimizer step ran", "P10: no optimizer step ran"]
-    if not obs.of("opt_step"):
-        out.append("P08: no optimizer step ran")
-    return out
+def _no_ddp_step(obs: Observation) -> str:
+    if not one_rank(obs) and not obs.of("ddp"):
+        return "the model was not wrapped in DistributedDataParallel"
+    return _no_step(obs)
 
 
+@rule("P05", needs=("batchnorm",), unjudged=one_rank)
 def _p05(obs: Observation) -> Finding | None:
     """Plain BatchNorm layers that normalised training batches of few samples per rank."""
+    if one_rank(obs):
+        return None
     largest: dict[tuple[int, str], int] = {}
     first: dict[tuple[int, str], dict[str, Any]] = {}
     for rank, e in obs.of("batchnorm"):
@@ -78,9 +67,12 @@ def _differ(a: list[float], b: list[float], tolerance: float) -> bool:
     return any(not math.isclose(x, y, rel_tol=tolerance, abs_tol=1e-12) for x, y in zip(a, b))
 
 
+@rule("P08", needs=("opt_step",), unjudged=_no_step)
 def _p08(obs: Observation) -> Finding | None:
     """At one step, some parameters' gradients equal on every rank (averaged: the ranks do
     sync) while some parameters differ across ranks: replicas that drifted apart."""
+    if one_rank(obs):
+        return None
     table: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
     for rank, e in obs.of("opt_step"):
         if "grads" in e and "params" in e:
@@ -117,18 +109,21 @@ def _p08_evidence(step: int, r0: int, r1: int, e0: dict[str, Any], e1: dict[str,
             f"{a:.6g} on rank {r0}, {b:.6g} on rank {r1}){before}")
 
 
+@rule("P09", needs=("opt_step", "ddp"), unjudged=_no_ddp_step)
 def _p09(obs: Observation) -> Finding | None:
     """More than one gradient all-reduce (a synced DDP backward) accumulated into the
     gradients of one optimizer step (counted since the step's zero_grad)."""
+    if one_rank(obs):
+        return None
     for rank, steps in sorted(_steps(obs).items()):
-        with_ddp = [e for e in steps if e.get("synced", 0) + e.get("local", 0) > 0]
-        extra = [e for e in with_ddp if e.get("accumulated", e["synced"]) > 1]
+        with_ddp = [e for e in steps if e["synced"] + e["local"] > 0]
+        extra = [e for e in with_ddp if e["accumulated"] > 1]
         if not with_ddp or len(extra) * 2 < len(with_ddp):
             continue
         synced = sum(e["synced"] for e in with_ddp)
         local = sum(e["local"] for e in with_ddp)
-        per_step = max(e.get("accumulated", e["synced"]) for e in with_ddp)
-        entered = sum(e.get("no_sync", 0) for e in with_ddp)
+        per_step = max(e["accumulated"] for e in with_ddp)
+        entered = sum(e["no_sync"] for e in with_ddp)
         if local:
             held = f"no_sync() held back only {local}"
         elif entered:
@@ -143,11 +138,12 @@ def _p09(obs: Observation) -> Finding | None:
     return None
 
 
+@rule("P10", needs=("ddp", "ddp_unused", "opt_step"), unjudged=_no_ddp_step)
 def _p10(obs: Observation) -> Finding | None:
     """Unused parameters without find_unused_parameters (the error, or suspected before it
     came), or find_unused_parameters=True with every parameter used in every backward."""
     models = obs.of("ddp")
-    if not models:
+    if one_rank(obs) or not models:
         return None
     ddp = models[0][1]
     unused = obs.of("ddp_unused")
@@ -173,8 +169,8 @@ def _p10_not_needed(obs: Observation, ddp: dict[str, Any]) -> Finding | None:
     by_rank = _steps(obs)
     if len(by_rank) < obs.world_size:
         return None
-    synced = {r: sum(e.get("synced", 0) for e in steps) for r, steps in by_rank.items()}
-    used = {r: sum(e.get("all_used", 0) for e in steps) for r, steps in by_rank.items()}
+    synced = {r: sum(e["synced"] for e in steps) for r, steps in by_rank.items()}
+    used = {r: sum(e["all_used"] for e in steps) for r, steps in by_rank.items()}
     if min(synced.values()) < 2 or any(used[r] != synced[r] for r in synced):
         return None
     return finding("P10", f"find_unused_parameters=True, but all {ddp['params']} parameters "
