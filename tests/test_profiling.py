@@ -16,6 +16,7 @@ from course_lib.teach.profiling import (
     covered,
     overlap,
     plot_breakdown,
+    plot_repeats,
     plot_step_times,
     step_time,
     time_breakdown,
@@ -79,8 +80,22 @@ def test_overlap_is_all_reduce_time_inside_backward():
 def test_figures_draw():
     tel = straggler_telemetry()
     assert plot_breakdown({"a": tel, "b": tel}, skip=0).axes
-    assert plot_step_times({"a": 0.2, "b": 0.05}, "t").axes
+    assert plot_step_times({"a": [0.2, 0.21, 0.19], "b": [0.05, 0.06, 0.05]}, "t").axes
     assert step_time(tel, skip=0) == pytest.approx(0.05)
+
+
+def test_repeats_draw_the_median_and_a_whisker_from_fastest_to_slowest():
+    ax = plot_repeats({"a": [30.0, 10.0, 20.0], "b": [5.0, 7.0, 6.0]}, "ms", "t").axes[0]
+    assert [bar.get_width() for bar in ax.patches] == [20.0, 6.0]
+    whiskers = [seg for coll in ax.collections for seg in coll.get_segments()]
+    assert [(seg[0][0], seg[1][0]) for seg in whiskers] == [(10.0, 30.0), (5.0, 7.0)]
+    assert ax.texts[0].get_text().strip() == "20.0 (10.0-30.0)"
+    assert "median of 3 runs" in ax.get_title()
+
+
+def test_repeats_refuse_a_single_number_with_what_to_do():
+    with pytest.raises(ValueError, match="time each setting several times"):
+        plot_repeats({"a": 12.0}, "ms", "t")
 
 
 def _profiled_run(trace_dir):

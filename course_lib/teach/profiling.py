@@ -7,6 +7,7 @@ time that ran while backward was still computing, and the step time.
     plot_breakdown({"label": run.telemetry, ...})
     overlap(run.telemetry)          # {rank: (s per step of all-reduce during backward, after)}
     step_time(run.telemetry)        # mean seconds per step, slowest rank
+    plot_repeats({"setting": [ms, ms, ms], ...}, xlabel, title)   # repeated runs, whiskers
 
 Steps are averaged (a mean, the wall clock over the steps), not a median: a job that stalls
 every few steps for its data is as slow as its mean, and a median hides the stalls. The
@@ -15,6 +16,7 @@ breakdown's parts are means too, so parts and step use the same statistic.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -136,7 +138,7 @@ def plot_breakdown(runs: dict[str, Any], skip: int = 2):
     from course_lib.plots.style import BLUE, HIGHLIGHT, ORANGE, YELLOW, new_figure
 
     styles = {"compute": (BLUE, ""), "data": (YELLOW, "xx"), "communication": (ORANGE, "//"),
-              "wait": (HIGHLIGHT, "..")}
+              "wait": (HIGHLIGHT, "--")}  # not the timeline's idle dots
     fig = new_figure(4.2 * len(runs), 1.3 + 1.0 * max(len(t.ranks) for t in runs.values()))
     axes = np.atleast_1d(fig.subplots(1, len(runs), sharex=True))
     for ax, (label, tel) in zip(axes, runs.items()):
@@ -172,18 +174,44 @@ def _breakdown_axes(ax: Any, ms: dict[int, dict[str, float]], step_ms: float,
     ax.margins(x=0.6)
 
 
-def plot_step_times(times: dict[str, float], title: str):
-    """One bar per run: its step time in milliseconds, labelled with the ratio to the first."""
-    from course_lib.plots.style import BLACK, BLUE, new_figure
+def plot_step_times(times: dict[str, Sequence[float]], title: str):
+    """One bar per setting from its repeated runs' step times in seconds (plot_repeats),
+    each labelled with its speed-up over the first setting (ratio of the medians)."""
+    return plot_repeats({name: [s * 1e3 for s in runs] for name, runs in times.items()},
+                        "mean step time, slowest rank (ms); after the comma: the median's "
+                        "speed-up over the first", title, speedup=True, fmt="{:.0f}")
 
-    fig = new_figure(8, 1.0 + 0.45 * len(times))
+
+def plot_repeats(samples: dict[str, Sequence[float]], xlabel: str, title: str,
+                 speedup: bool = False, fmt: str = "{:.1f}"):
+    """One horizontal bar per setting at the median of its repeated runs, a whisker from the
+    fastest to the slowest run and a dot per run, labelled "median (min-max)": a difference
+    between two bars whose whiskers overlap is not a result of this measurement."""
+    from course_lib.plots.charts import bar_style
+    from course_lib.plots.style import BLACK, new_figure
+
+    for name, runs in samples.items():
+        if isinstance(runs, (int, float)) or len(runs) == 0:
+            raise ValueError(f"plot_repeats() needs a list of repeated runs per setting; "
+                             f"{name!r} has {runs!r}: time each setting several times")
+    fig = new_figure(8, 1.2 + 0.5 * len(samples))
     ax = fig.subplots()
-    labels, seconds = list(times), np.array(list(times.values()))
-    bars = ax.barh(-np.arange(len(labels)), seconds * 1e3, color=BLUE, edgecolor=BLACK)
-    ax.bar_label(bars, [f"{s * 1e3:.0f} ms ({seconds[0] / s:.2f}x)" for s in seconds],
-                 fontsize="small", padding=3)
-    ax.set_yticks(-np.arange(len(labels)), labels)
-    ax.set_xlabel("mean step time, slowest rank (ms); in brackets: speed-up over the first")
-    ax.margins(x=0.25)
-    ax.set_title(title, fontsize="medium")
+    first = float(np.median(next(iter(samples.values()))))
+    for i, runs in enumerate(samples.values()):
+        values = np.asarray(runs, dtype=float)
+        mid, low, high = float(np.median(values)), float(values.min()), float(values.max())
+        ax.barh(-i, mid, **bar_style(i), height=0.6)
+        ax.errorbar(mid, -i, xerr=[[mid - low], [high - mid]], fmt="none", ecolor=BLACK,
+                    capsize=4, lw=1.2)
+        ax.plot(values, np.full(len(values), -i), "o", color=BLACK, mec="white", ms=4)
+        label = f" {fmt.format(mid)} ({fmt.format(low)}-{fmt.format(high)})"
+        ax.text(high, -i, label + (f", {first / mid:.2f}x" if speedup else ""),
+                va="center", fontsize="small")
+    ax.set_yticks(-np.arange(len(samples)), list(samples))
+    ax.set_xlabel(xlabel)
+    ax.margins(x=0.3)
+    sizes = {len(r) for r in samples.values()}
+    count = sizes.pop() if len(sizes) == 1 else "several"
+    ax.set_title(f"{title}\nbar: median of {count} runs; whisker: fastest to "
+                 "slowest; dots: each run", fontsize="medium")
     return fig
