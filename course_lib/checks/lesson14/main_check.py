@@ -1,38 +1,22 @@
-"""Checks for lesson 14's exercise: write the main() that makes a notebook training function
-torchrun-ready. The check runs the learner's main() under torchrun as one node of 3 workers
-(`--standalone`) and as two nodes of 1 worker (two torchrun agents on this machine, a c10d
-rendezvous on loopback, where LOCAL_RANK differs from RANK), and compares the final weights
-with the notebook launch of the same train() and with the one-process result. It also checks
-that main() leaves the process group on every path: after train() returns, and when train()
-raises (one more run, 1 process, with torchrun's environment). GPUs are hidden from the
-check's processes (CUDA_VISIBLE_DEVICES=""), so it judges the same thing on every machine.
-
-`python -m course_lib.checks.lesson14 FUNCTION.pkl OUT_DIR` is the script torchrun starts:
-it loads the learner's main() (cloudpickled by the check) and calls it with
-sys.argv = [script, OUT_DIR], as `torchrun ... train.py OUT_DIR` would. It watches what
-main() passes to init_process_group and whether the group is still there when main() ends,
-and says so in a line that starts with MARK.
+"""`check_main` for lesson 14: it runs the learner's main() under torchrun as one node of 3
+workers (`--standalone`) and as two nodes of 1 worker (two torchrun agents on this machine, a
+c10d rendezvous on loopback, where LOCAL_RANK differs from RANK), and compares the final
+weights with the notebook launch of the same train() and with the one-process result. It also
+checks that main() leaves the process group on every path: after train() returns, and when
+train() raises (one more run, 1 process, with torchrun's environment). GPUs are hidden from
+the check's processes (CUDA_VISIBLE_DEVICES=""), so it judges the same thing on every machine.
+Each worker runs `entry`, whose MARK lines say what main() did; the hints are built from them.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
-import os
 import re
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import cloudpickle
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
@@ -41,6 +25,8 @@ from course_lib.checks.common import (
     on_ranks,
     run_check,
 )
+from course_lib.checks.lesson14.entry import MARK
+from course_lib.checks.lesson14.training import RAISE, one_process, train
 from course_lib.checks.result import CheckResult
 from course_lib.launching.payload import dumps
 from course_lib.teach.torchrun import (
@@ -52,16 +38,12 @@ from course_lib.teach.torchrun import (
     wait,
 )
 
+ENTRY = "course_lib.checks.lesson14.entry"  # the module each torchrun worker runs
 # (how torchrun is started, its world size): one node of 3 workers, two nodes of 1 worker.
 RUNS = (("one node", 3), ("two nodes", 2))
-WORLD_SIZES = tuple(n for _, n in RUNS)
-BATCH = 12  # the global batch of a step, split evenly over 2 or 3 ranks
-STEPS = 4
 # Seconds one torchrun of the check may take. The solution's took 5-15 s each on 2 cores
 # under load 5-7 (torchrun and every worker import torch); 120 s leaves 8x.
 TORCHRUN_TIMEOUT = 120.0
-MARK = "CHECK14:"  # the entry's own lines, read back by the check
-RAISE = "COURSE_CHECK14_RAISE"  # set: train() raises InjectedFailure once the group exists
 ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""}
 NCCL_HINT = ("the NCCL backend needs a GPU for each process of the node, and this check's "
              "nodes have none: choose 'nccl' only when int(os.environ['LOCAL_WORLD_SIZE']) "
@@ -85,61 +67,10 @@ KNOWN = [
 ]
 
 
-class InjectedFailure(RuntimeError):
-    """The error the check makes train() raise, to see whether main() still leaves the group."""
-
-
-# -- the training function the exercise makes torchrun-ready ----------------------------------
-
-def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The global batch of one step (every rank, and the one-process reference, builds it)."""
-    g = torch.Generator().manual_seed(100 + step)
-    x = torch.randn(BATCH, 8, generator=g)
-    return x, x.sum(dim=1, keepdim=True).sin()
-
-
-def train(out_dir: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
-    """DDP training on this rank's share of each batch; rank 0 saves out_dir/final.pt.
-    With COURSE_CHECK14_RAISE set, it raises InjectedFailure instead (the group exists)."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    if os.environ.get(RAISE):
-        raise InjectedFailure("train() failed (the check made it raise)")
-    torch.manual_seed(0)
-    model = DDP(nn.Linear(8, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(steps):
-        x, y = batch(step)
-        loss = F.mse_loss(model(x[rank::world_size]), y[rank::world_size])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    weights = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
-    if rank == 0:
-        torch.save(weights, os.path.join(out_dir, "final.pt"))
-    return weights
-
-
-def one_process(steps: int = STEPS) -> dict[str, torch.Tensor]:
-    """The true result: the same training in one process on the whole batch of each step
-    (DDP's average of equal shards' mean losses is the whole batch's mean loss)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(steps):
-        x, y = batch(step)
-        F.mse_loss(model(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-
 def _notebook_train(fn: Callable, out_dir: str) -> dict[str, torch.Tensor]:
     """On a rank of the notebook launcher: fn(out_dir) (fn is train)."""
     return fn(out_dir)
 
-
-# -- check_main(main): the learner's entry point under torchrun -------------------------------
 
 def check_main(fn: Callable, timeout: float = CHECK_TIMEOUT,
                torchrun_timeout: float = TORCHRUN_TIMEOUT) -> CheckResult:
@@ -173,7 +104,7 @@ def check_main(fn: Callable, timeout: float = CHECK_TIMEOUT,
 def _commands(pickled: Path, out: Path, how: str, n: int) -> list[tuple[str, str]]:
     """(label, command) of each torchrun agent: one --standalone node, or two nodes that meet
     at a c10d endpoint on this machine (node 1 a client, as a second machine would be)."""
-    entry = f"-m course_lib.checks.lesson14 {pickled} {out}"
+    entry = f"-m {ENTRY} {pickled} {out}"
     if how == "one node":
         return [("torchrun", f"{TORCHRUN} --standalone --nproc-per-node {n} {entry}")]
     node = (f"{TORCHRUN} --nnodes {n} --nproc-per-node 1 --rdzv-backend c10d --rdzv-id check14 "
@@ -213,7 +144,7 @@ def _when_train_raises(fn: Callable, pickled: Path, out: Path, limit: float) -> 
     env = {**ENV, RAISE: "1", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
            "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port()), "TORCHELASTIC_RESTART_COUNT": "0"}
-    job = start([sys.executable, "-m", "course_lib.checks.lesson14", str(pickled), str(out)],
+    job = start([sys.executable, "-m", ENTRY, str(pickled), str(out)],
                 "when train() raises", env)
     try:
         wait(job, timeout=limit, echo=False)
@@ -286,66 +217,3 @@ def _compare(got: dict[str, torch.Tensor], launched: dict[str, torch.Tensor],
     if wrong:  # the launcher itself disagrees with one process: the check's own fault
         raise AssertionError(f"the notebook launch at {n} ranks differs from one process in "
                              f"{wrong}: lesson 14's check is broken")
-
-
-def _entry(argv: list[str]) -> None:
-    """torchrun's worker: call the pickled main() as `script OUT_DIR` would run it, watching
-    what it passes to init_process_group and whether it leaves the group on every path."""
-    if len(argv) != 2:
-        sys.exit("usage: python -m course_lib.checks.lesson14 FUNCTION.pkl OUT_DIR")
-    _watch_init()  # before loading: a main() that imported init_process_group gets this one
-    main = cloudpickle.loads(Path(argv[0]).read_bytes())
-    sys.argv = ["train.py", argv[1]]
-    # Run as __main__, this module is not the one main() imports train() from.
-    injected = importlib.import_module("course_lib.checks.lesson14").InjectedFailure
-    try:
-        main()
-    except injected:
-        _leave(0, "returned" if dist.is_initialized() else None)  # the error we asked for
-    if os.environ.get(RAISE):
-        _say("swallowed InjectedFailure")
-    _leave(0, "returned" if dist.is_initialized() else None)
-
-
-def _watch_init() -> None:
-    """Replace init_process_group by one that first compares the rank and world size it is
-    given with torchrun's; a mismatch ends the process at once (its peers would wait for
-    ranks that never come) with a line that says what was given."""
-    original = dist.init_process_group
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        given = signature.bind_partial(*args, **kwargs).arguments
-        rank, size = given.get("rank", -1), given.get("world_size", -1)
-        env = {k: os.environ.get(k, "?") for k in
-               ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-        if str(rank) not in ("-1", env["RANK"]) or str(size) not in ("-1", env["WORLD_SIZE"]):
-            _say(f"init rank={rank} world_size={size} "
-                 + " ".join(f"{k}={v}" for k, v in env.items()))
-            _leave(3, None)
-        return original(*args, **kwargs)
-
-    dist.init_process_group = init_process_group
-    dist.distributed_c10d.init_process_group = init_process_group
-
-
-def _say(line: str) -> None:
-    print(f"{MARK} {line}", flush=True)
-
-
-def _leave(code: int, left_group: str | None) -> None:
-    """Leave without running C++ destructors: PyTorch 2.13's gloo can abort there
-    ("terminate called without an active exception", docs/facts.md), and that is not the
-    learner's code; the course's own ranks end the same way. `left_group` names how main()
-    ended with the group still initialized (exit code 4)."""
-    if left_group:
-        _say(f"left-group-initialized {left_group}")
-        code = 4
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    _entry(sys.argv[1:])
