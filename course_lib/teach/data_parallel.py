@@ -18,8 +18,10 @@ gradients. The first two are written to be read from top to bottom (picotron kee
 `DataParallelNaive` beside `DataParallelBucket` for the same reason). DDP does the same in
 C++ (torch/csrc/distributed/c10d/reducer.cpp), with more care: it re-orders its buckets
 after the first step, can keep the gradients as views into its buckets
-(gradient_as_bucket_view=True), and finds unused parameters when asked. Lessons 01, 04 and
-07 time and read them; benchmarks/data_parallel.py times them side by side.
+(gradient_as_bucket_view=True), and finds unused parameters when asked. Lesson 01 writes the
+naive loop inline and points here; lesson 04 counts the three's all-reduces (calls, bytes,
+started inside backward) and times them; lesson 07 counts them under no_sync();
+benchmarks/data_parallel.py times them side by side.
 """
 
 from __future__ import annotations
