@@ -10,7 +10,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from course_lib.authoring import coverage
 from course_lib.authoring.cell_schema import read_cells
 from course_lib.authoring.gate import notebook_paths
-from course_lib.authoring.pitfalls import PITFALLS
+from course_lib.pitfalls import PITFALLS
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("notebooks", "solutions", "exercises")

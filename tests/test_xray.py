@@ -112,6 +112,27 @@ def _noted_kinds(module) -> set[str]:
             and node.args and isinstance(node.args[0], ast.Constant)}
 
 
+def test_every_rule_s_lesson_notebook_exists() -> None:
+    """A finding's "read:" line is its pitfall's first lesson's notebook, from the registry's
+    file names (not a glob of the installed package's folder)."""
+    from course_lib.pitfalls import NOTEBOOKS, PITFALLS
+    from course_lib.xray.report import finding
+
+    assert [n for n in NOTEBOOKS.values() if not (ROOT / "notebooks" / n).is_file()] == []
+    assert finding("P03", "e").lesson == "notebooks/03_data_sharding.ipynb"
+    assert {PITFALLS[pid].notebook for pid in rule_ids()} <= {
+        f"notebooks/{n}" for n in NOTEBOOKS.values()}
+
+
+def test_a_rule_for_an_unknown_id_fails_at_import() -> None:
+    from course_lib.xray.rules import rule
+
+    with pytest.raises(ValueError, match="P99"):
+        rule("P99", needs=("pass",))
+    with pytest.raises(ValueError, match="unknown event kinds"):
+        rule("P01", needs=("passes",))
+
+
 def test_every_event_kind_has_a_schema_and_its_writer() -> None:
     """events.EVENTS names, for each kind, the probe whose record.note writes it, and every
     kind a rule needs is written by a probe (not only declared)."""

@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from course_lib.authoring.pitfalls import id_problem
+from course_lib.pitfalls import id_problem
 from course_lib.protocol import (
     ERROR,
     MATCH,

@@ -15,7 +15,7 @@ import nbformat
 from course_lib.authoring import readme_blocks
 from course_lib.authoring.cell_schema import PitfallCell, read_cells
 from course_lib.authoring.gate import notebook_paths
-from course_lib.authoring.pitfalls import PITFALLS, SAME_AS
+from course_lib.pitfalls import PITFALLS, SAME_AS
 from course_lib.protocol import ROLES
 
 START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"

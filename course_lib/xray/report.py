@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import glob
 import html
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from course_lib.authoring.pitfalls import PITFALLS
-
-_NOTEBOOKS = os.path.join(os.path.dirname(__file__), "..", "..", "notebooks")
+from course_lib.pitfalls import PITFALLS
 
 
 @dataclass(frozen=True)
@@ -36,14 +32,7 @@ def finding(pid: str, evidence: str, where: str = "", certainty: str = "confirme
     if certainty not in ("confirmed", "suspected"):
         raise ValueError(f"certainty must be 'confirmed' or 'suspected', not {certainty!r}")
     pitfall = PITFALLS[pid]
-    return Finding(pid, pitfall.title, evidence, where, lesson_of(pid), certainty)
-
-
-def lesson_of(pid: str) -> str:
-    """The notebook of the pitfall's first lesson, "notebooks/03_data_sharding.ipynb"."""
-    number = PITFALLS[pid].lessons[0]
-    found = sorted(glob.glob(os.path.join(_NOTEBOOKS, f"{number}_*.ipynb")))
-    return f"notebooks/{os.path.basename(found[0])}" if found else f"lesson {number}"
+    return Finding(pid, pitfall.title, evidence, where, pitfall.notebook, certainty)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from course_lib.authoring.pitfalls import PITFALLS
+from course_lib.pitfalls import PITFALLS
 from course_lib.xray.events import EVENTS
 from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding
@@ -61,7 +61,7 @@ def rule(pid: str, needs: tuple[str, ...], unjudged: Reason = _always,
     if pid not in PITFALLS or unknown or pid in RULES:
         raise ValueError(f"rule {pid}: " + (f"unknown event kinds {unknown}" if unknown else
                                             "a second rule for this id" if pid in RULES else
-                                            "not an id of the pitfall registry"))
+                                            "not an id of course_lib/pitfalls.py"))
 
     def register(judge: Judge) -> Judge:
         RULES[pid] = Rule(pid, tuple(needs), judge, unjudged, tuple(hides))

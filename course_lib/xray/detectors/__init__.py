@@ -6,7 +6,7 @@ fails to import is an error, never a rule silently left out.
 
 from __future__ import annotations
 
-from course_lib.authoring.pitfalls import PITFALLS
+from course_lib.pitfalls import PITFALLS
 from course_lib.xray.detectors import amp, checkpoint, data, desync, model, output
 from course_lib.xray.events import EVENTS
 from course_lib.xray.observation import Observation
