@@ -9,9 +9,9 @@ import pytest
 import torch.distributed as dist
 
 from course_lib import launch, telemetry
+from course_lib.plots.charts import first_non_finite
 from course_lib.teach.case_files import (
     as_node,
-    first_non_finite,
     plot_curves,
     plot_speedup,
     predicted_speedup,

@@ -21,10 +21,11 @@ from matplotlib.figure import Figure
 from course_lib.plots.style import HIGHLIGHT, new_figure, rank_bar_style, rank_style, step_axis
 
 
-def series_style(i: int) -> dict[str, Any]:
+def series_style(i: int, *, markers: bool = True) -> dict[str, Any]:
     """Line keywords (color, linestyle, marker) of the i-th series: the look of rank i, so
-    that series stay apart for colour-blind readers and in greyscale, for any i."""
-    return rank_style(i)
+    that series stay apart for colour-blind readers and in greyscale, for any i. Without
+    `markers` (a step plot, a dense curve) the marker is turned off."""
+    return rank_style(i) if markers else {**rank_style(i), "marker": ""}
 
 
 def bar_style(i: int) -> dict[str, Any]:
@@ -48,10 +49,12 @@ def first_non_finite(values: Sequence[float]) -> int | None:
 
 def lines(curves: Mapping[str, Sequence[float]], *, ylabel: str = "loss", title: str = "",
           xlabel: str = "step", log: bool = False, markersize: float = 3,
-          ax: Axes | None = None) -> Figure:
-    """One line per run against its step (0, 1, ...), each in its series style, with a
-    legend. A run that reached inf or nan stops there and ends in a red cross at the top of
-    the chart, labelled with its step: matplotlib would leave a silent gap instead."""
+          first_step: int = 0, nested: bool = False, ax: Axes | None = None) -> Figure:
+    """One line per run against its step (`first_step`, then +1 each), each in its series
+    style, with a legend. A run that reached inf or nan stops there and ends in a red cross
+    at the top of the chart, labelled with its step: matplotlib would leave a silent gap
+    instead. `nested`, for runs that should coincide: hollow markers, each run's 2 points
+    smaller than the one before, so that every run stays visible on top of the others."""
     _require(curves, "lines")
     ax = _axes(ax, 7, 3.2)
     finite = [v for vs in curves.values() for v in vs if math.isfinite(v) and (v > 0 or not log)]
@@ -60,10 +63,12 @@ def lines(curves: Mapping[str, Sequence[float]], *, ylabel: str = "loss", title:
     for i, (name, values) in enumerate(curves.items()):
         end = first_non_finite(values)
         shown = list(values if end is None else values[:end])
-        ax.plot(range(len(shown)), shown, label=name, markersize=markersize, **series_style(i))
+        size = markersize + 2 * (len(curves) - 1 - i) if nested else markersize
+        ax.plot(range(first_step, first_step + len(shown)), shown, label=name, markersize=size,
+                fillstyle="none" if nested else "full", **series_style(i))
         if end is not None:
-            ax.plot([end], [top], "x", color=HIGHLIGHT, ms=10, mew=2.5)
-            ax.annotate(f"{name}: inf/nan from step {end}", (end, top),
+            ax.plot([first_step + end], [top], "x", color=HIGHLIGHT, ms=10, mew=2.5)
+            ax.annotate(f"{name}: inf/nan from step {first_step + end}", (first_step + end, top),
                         textcoords="offset points", xytext=(8, -12 - 11 * crosses),
                         fontsize="x-small", color=HIGHLIGHT)
             crosses += 1

@@ -48,22 +48,15 @@ def sync_cost(tel: Any, rank: int | None = None) -> dict[str, float]:
 
 def plot_sync_cost(costs: dict[str, dict[str, float]], title: str = ""):
     """Three panels, one bar per run: all-reduces, MB and milliseconds per optimizer step."""
-    from course_lib.plots.style import HATCHES, RANK_COLORS, new_figure
+    from course_lib.plots import charts
+    from course_lib.plots.style import new_figure
 
     fig = new_figure(8.4, 3.0)
     panels = (("allreduces", "all-reduces", "{:.0f}", 1), ("mb", "MB all-reduced", "{:.2f}", 1),
               ("seconds", "milliseconds", "{:.1f}", 1e3))
-    names = list(costs)
     for ax, (key, label, fmt, scale) in zip(fig.subplots(1, 3), panels):
-        values = [costs[n][key] * scale for n in names]
-        bars = ax.bar(range(len(names)), values, color=RANK_COLORS[: len(names)],
-                      hatch=None, edgecolor="black")
-        for bar, hatch in zip(bars, HATCHES):
-            bar.set_hatch(hatch)
-        ax.bar_label(bars, [fmt.format(v) for v in values], fontsize="small")
-        ax.set_xticks(range(len(names)), names, fontsize="small")
-        ax.set_ylim(0, max(values) * 1.25 or 1)
-        ax.set_title(f"{label} per optimizer step", fontsize="medium")
+        charts.bars({name: cost[key] * scale for name, cost in costs.items()}, ylabel="",
+                    title=f"{label} per optimizer step", fmt=fmt, ax=ax)
     if title:
         fig.suptitle(title)
     return fig
@@ -71,19 +64,12 @@ def plot_sync_cost(costs: dict[str, dict[str, float]], title: str = ""):
 
 def plot_rank_gap(gaps: dict[str, list[float]]):
     """Per run, the distance between two ranks' weights after each optimizer step."""
-    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure, step_axis
+    from course_lib.plots import charts
 
-    fig = new_figure(7, 3.2)
-    ax = fig.subplots()
-    for i, (name, values) in enumerate(gaps.items()):
-        ax.plot(range(1, len(values) + 1), values, label=name, color=RANK_COLORS[i],
-                linestyle=LINESTYLES[i], marker=MARKERS[i])
-    ax.set_ylim(0, None)
-    step_axis(ax)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("‖rank 0 weights − rank 1 weights‖")
-    ax.set_title("How far apart the ranks' weights are (0: identical)")
-    ax.legend(fontsize="small")
+    fig = charts.lines(gaps, ylabel="‖rank 0 weights − rank 1 weights‖",
+                       title="How far apart the ranks' weights are (0: identical)",
+                       xlabel="optimizer step", markersize=6, first_step=1)
+    fig.axes[0].set_ylim(0, None)
     return fig
 
 
@@ -114,34 +100,25 @@ def plot_allreduces_per_step(tel: Any, title: str):
 
 def plot_loss_curves(curves: dict[str, list[float]], k: int):
     """Training loss per optimizer step, one line per run."""
-    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure, step_axis
+    from course_lib.plots import charts
 
-    fig = new_figure(7, 3.2)
-    ax = fig.subplots()
-    for i, (name, values) in enumerate(curves.items()):
-        ax.plot(values, label=name, color=RANK_COLORS[i], linestyle=LINESTYLES[i],
-                marker=MARKERS[i], markersize=4 + 2 * (len(curves) - i), fillstyle="none")
-    ax.set_yscale("log")
-    step_axis(ax)
-    ax.set_ylabel("loss on the global batch")
-    ax.set_title(f"Accumulating k = {k} micro-batches with SGD")
-    ax.legend(fontsize="small")
-    return fig
+    return charts.lines(curves, ylabel="loss on the global batch", log=True, nested=True,
+                        markersize=6, title=f"Accumulating k = {k} micro-batches with SGD")
 
 
 def plot_reference_gap(gaps: dict[str, float], tolerance: float):
     """One bar per run: the largest difference between its gradient and one process's on the
     global batch (log scale), with the tolerance drawn as a line."""
-    from course_lib.plots.style import HATCHES, HIGHLIGHT, RANK_COLORS, new_figure
+    from course_lib.plots.charts import bar_style
+    from course_lib.plots.style import HIGHLIGHT, new_figure
 
     fig = new_figure(6, 3.0)
     ax = fig.subplots()
-    floor = tolerance / 100
+    floor = tolerance / 100  # a gap of 0 drawn at the floor, labelled with its true value
     values = [max(v, floor) for v in gaps.values()]
-    bars = ax.bar(range(len(gaps)), values, color=RANK_COLORS[: len(gaps)],
-                  edgecolor="black")
-    for bar, hatch in zip(bars, HATCHES):
-        bar.set_hatch(hatch)
+    bars = ax.bar(range(len(gaps)), values)
+    for i, bar in enumerate(bars):
+        bar.set(**bar_style(i))
     ax.bar_label(bars, [f"{v:.1e}" for v in gaps.values()], fontsize="small")
     ax.axhline(tolerance, color=HIGHLIGHT, ls="--", lw=1)
     ax.text(-0.4, tolerance * 1.5, f"tolerance {tolerance:g}", color=HIGHLIGHT,
@@ -165,8 +142,10 @@ def _grid_axes(grid: dict[tuple[str, int, float], dict[str, float]]):
 
 
 def plot_accumulation_grid(grid: dict[tuple[str, int, float], dict[str, float]]):
-    """Milliseconds per optimizer step against k, one line per (mode, bandwidth)."""
-    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure
+    """Milliseconds per optimizer step against k, one line per (mode, bandwidth): a colour
+    per bandwidth, a line style and marker per mode."""
+    from course_lib.plots.charts import series_style
+    from course_lib.plots.style import new_figure
 
     modes, ks, links = _grid_axes(grid)
     fig = new_figure(8, 3.6)
@@ -174,8 +153,8 @@ def plot_accumulation_grid(grid: dict[tuple[str, int, float], dict[str, float]])
     for i, gbit in enumerate(links):
         for j, mode in enumerate(modes):
             ms = [grid[mode, k, gbit]["seconds"] * 1e3 for k in ks]
-            ax.plot(ks, ms, color=RANK_COLORS[i], linestyle=LINESTYLES[j * 2],
-                    marker=MARKERS[j], label=f"{mode}, {gbit:g} Gbit/s")
+            look = {**series_style(j), "color": series_style(i)["color"]}  # colour: link
+            ax.plot(ks, ms, label=f"{mode}, {gbit:g} Gbit/s", **look)
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
     ax.set_xlabel("k, micro-batches per optimizer step")

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections import Counter
 from typing import Any
@@ -51,47 +50,18 @@ def split_by_node(reads: list[list[int]], nodes: int) -> bool:
     return same_local and disjoint_here
 
 
-def first_non_finite(values: list[float]) -> int | None:
-    """The index of the first inf or nan in `values`, or None."""
-    return next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
-
-
 def plot_curves(curves: dict[str, list[float]], title: str = "",
                 ylabel: str = "loss (mean over the step's batches)"):
     """One line per run on a log scale (a divergence spans orders of magnitude); a run that
-    reached inf or nan ends with a cross at the top in its own line's colour, labelled with
-    the run's number and its step."""
-    from course_lib.plots.style import (
-        LINESTYLES,
-        MARKERS,
-        RANK_COLORS,
-        new_figure,
-        step_axis,
-    )
+    reached inf or nan ends with a red cross at the top, labelled with the run and its step
+    (plots/charts.py); the legend below the chart, out of the curves' way."""
+    from course_lib.plots import charts
+    from course_lib.plots.style import new_figure
 
-    fig = new_figure(8.4, 3.8)
-    ax = fig.subplots()
-    finite = [v for values in curves.values() for v in values if math.isfinite(v) and v > 0]
-    top = max(finite) * 3 if finite else 1.0
-    crosses = 0
-    for i, (name, values) in enumerate(curves.items()):
-        end = first_non_finite(values)
-        shown = values if end is None else values[:end]
-        color = RANK_COLORS[i % len(RANK_COLORS)]
-        ax.plot(range(len(shown)), shown, label=name, color=color,
-                linestyle=LINESTYLES[i % len(LINESTYLES)], marker=MARKERS[i % len(MARKERS)],
-                markersize=3)
-        if end is not None:
-            ax.plot([end], [top], "x", color=color, ms=10, mew=2.5)
-            ax.annotate(f"{name}: inf/nan from step {end}", (end, top),
-                        textcoords="offset points", xytext=(8, -12 - 12 * crosses),
-                        fontsize="small", color=color)
-            crosses += 1
-    ax.set_yscale("log")
-    step_axis(ax)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize="medium")
+    ax = new_figure(8.4, 3.8).subplots()
+    fig = charts.lines(curves, ylabel=ylabel, title=title, xlabel="optimizer step", log=True,
+                       ax=ax)
+    ax.get_legend().remove()
     fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=2,
                fontsize="small")
     return fig
@@ -110,18 +80,18 @@ def plot_speedup(nbytes: int, link: Link, calls: dict[str, int], measured_s: flo
     """Predicted speed-up on `world_size` ranks against the compute time of one optimizer
     step, one line per loop (its all-reduces per step); a dotted line at the compute time
     measured here. Faster compute (a GPU) moves left, where the network weighs more."""
-    from course_lib.plots.style import BLACK, LINESTYLES, MARKERS, RANK_COLORS, new_figure
+    from course_lib.plots.charts import series_style
+    from course_lib.plots.style import BLACK, new_figure
 
     fig = new_figure(7.5, 3.4)
     ax = fig.subplots()
     seconds = np.geomspace(measured_s / 100, measured_s * 3, 60)
     for i, (label, n_calls) in enumerate(calls.items()):
+        style = series_style(i, markers=False)
         ax.plot(seconds * 1e3, [predicted_speedup(s, nbytes, link, n_calls, world_size)
-                                for s in seconds],
-                color=RANK_COLORS[i % len(RANK_COLORS)], linestyle=LINESTYLES[i % 4],
-                label=label)
+                                for s in seconds], label=label, **style)
         here = predicted_speedup(measured_s, nbytes, link, n_calls, world_size)
-        ax.plot([measured_s * 1e3], [here], MARKERS[i % len(MARKERS)], color=BLACK)
+        ax.plot([measured_s * 1e3], [here], series_style(i)["marker"], color=BLACK)
         ax.annotate(f"{here:.1f}x", (measured_s * 1e3, here), textcoords="offset points",
                     xytext=(6, -10), fontsize="small")
     ax.axvline(measured_s * 1e3, color=BLACK, ls=":", lw=1)

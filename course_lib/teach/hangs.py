@@ -82,13 +82,14 @@ def plot_step_costs(collectives_per_step: dict[str, float], steps: dict[str, lis
     """One bar per approach: collectives issued per training step (counted from the flight
     recorder, the same in every run), labelled with the steps each rank trained. No time
     per step: on a tiny model its order changed from run to run (3 orders in 4 repeats)."""
-    from course_lib.plots.style import RANK_COLORS, new_figure
+    from course_lib.plots.charts import bar_style
+    from course_lib.plots.style import new_figure
 
     names = list(collectives_per_step)
     fig = new_figure(8, 0.6 * len(names) + 1.4)
     ax = fig.subplots()
     for i, name in enumerate(names):
-        ax.barh(i, collectives_per_step[name], color=RANK_COLORS[i % len(RANK_COLORS)])
+        ax.barh(i, collectives_per_step[name], **bar_style(i))
         taken = ", ".join(str(n) for n in steps[name])
         ax.text(collectives_per_step[name], i,
                 f" {collectives_per_step[name]:.2f} (steps per rank: {taken})",

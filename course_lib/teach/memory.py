@@ -232,13 +232,14 @@ def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
 def plot_gathered(traces: dict[str, list[tuple[str, int]]], budget: float, title: str = ""):
     """Gathered parameter bytes at each moment autograd saved (forward) or used (backward) a
     tensor in one training step, one line per wrapping, with a device budget."""
-    from course_lib.plots.style import HIGHLIGHT, LINESTYLES, RANK_COLORS, new_figure
+    from course_lib.plots.charts import series_style
+    from course_lib.plots.style import HIGHLIGHT, new_figure
 
     fig = new_figure(8, 3.6)
     ax = fig.subplots()
     for i, (name, trace) in enumerate(traces.items()):
         ax.step(range(len(trace)), [b / MiB for _, b in trace], where="post", label=name,
-                color=RANK_COLORS[i % 7], linestyle=LINESTYLES[i % 4], linewidth=2)
+                linewidth=2, **series_style(i, markers=False))
     first = next(iter(traces.values()))
     backward = next((k for k, (phase, _) in enumerate(first) if phase == "backward"), len(first))
     ax.axvspan(backward, len(first), color="0.92", zorder=0, label="backward")

@@ -11,7 +11,8 @@ def plot_losses(curves: dict[str, list[float]], reference: str):
     """Left: the reference run's loss at each step (every other run lies on it). Right: each
     other run's distance from it, beside float32's resolution (2**-23 relative); a colour per
     strategy, a line style per world size ("name, N ranks" keys)."""
-    from course_lib.plots.style import BLACK, LINESTYLES, MARKERS, RANK_COLORS, new_figure
+    from course_lib.plots.charts import series_style
+    from course_lib.plots.style import BLACK, new_figure
 
     fig = new_figure(8.4, 3.6)
     left, right = fig.subplots(1, 2)
@@ -26,8 +27,8 @@ def plot_losses(curves: dict[str, list[float]], reference: str):
         name, size = key.rsplit(", ", 1)
         i, j = names.index(name), sizes.index(size)
         gaps = [max(abs(a - b) / abs(b), 1e-12) for a, b in zip(values, want)]
-        right.plot(steps, gaps, label=key, color=RANK_COLORS[i % 7],
-                   linestyle=LINESTYLES[j % 4], marker=MARKERS[i % 7], fillstyle="none")
+        look = {**series_style(i), "linestyle": series_style(j)["linestyle"]}
+        right.plot(steps, gaps, label=key, fillstyle="none", **look)
     right.axhline(2**-23, color=BLACK, linestyle="--", label="float32 resolution")
     right.set_yscale("log")
     left.set_ylabel("loss (mean over the global batch)")
@@ -91,7 +92,8 @@ def plot_planning(n_params: float, unit_share: float = 0.03, optimizer: str = "A
     """Predicted GiB per rank (without activations) against the world size: DDP, ZeRO-1 and
     FSDP2 as PyTorch stores bf16 training (DDP's default buckets included), and DeepSpeed's
     ZeRO-2 with its 2+2+12 layout, labelled as such; an 80 GB (74.5 GiB) GPU for scale."""
-    from course_lib.plots.style import HIGHLIGHT, LINESTYLES, MARKERS, RANK_COLORS, new_figure
+    from course_lib.plots.charts import series_style
+    from course_lib.plots.style import HIGHLIGHT, new_figure
 
     sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     lines = {"DDP + autocast": ("DDP", "bf16 PyTorch"),
@@ -103,8 +105,7 @@ def plot_planning(n_params: float, unit_share: float = 0.03, optimizer: str = "A
     for i, (label, (strategy, precision)) in enumerate(lines.items()):
         gib = [sum(predict(int(n_params), n, strategy, precision, optimizer,
                            int(n_params * unit_share)).values()) / 2**30 for n in sizes]
-        ax.plot(sizes, gib, label=label, color=RANK_COLORS[i], linestyle=LINESTYLES[i],
-                marker=MARKERS[i])
+        ax.plot(sizes, gib, label=label, **series_style(i))
     ax.axhline(80e9 / 2**30, color=HIGHLIGHT, linestyle="--", label="an 80 GB GPU (A100, H100)")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sizes, [str(n) for n in sizes])

@@ -165,19 +165,10 @@ def plot_grad_histograms(runs: dict[str, list[torch.Tensor]], bins: int = 40):
 
 def plot_losses(curves: dict[str, list[float]], title: str = ""):
     """Loss after each optimizer step, one line per run."""
-    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure, step_axis
+    from course_lib.plots import charts
 
-    fig = new_figure(7, 3.2)
-    ax = fig.subplots()
-    for i, (name, values) in enumerate(curves.items()):
-        ax.plot(range(len(values)), values, label=name, color=RANK_COLORS[i % 7],
-                linestyle=LINESTYLES[i % 4], marker=MARKERS[i % 7], markersize=3)
-    step_axis(ax)
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (fixed evaluation batch)")
-    ax.set_title(title, fontsize="medium")
-    ax.legend(fontsize="small")
-    return fig
+    return charts.lines(curves, ylabel="loss (fixed evaluation batch)", title=title,
+                        xlabel="optimizer step")
 
 
 def plot_scale(scales: dict[int, list[float]], skipped: dict[int, list[int]]):
@@ -231,14 +222,15 @@ def _grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, weight: flo
 
 def plot_underflow(grid: dict[float, dict[str, torch.Tensor]]):
     """Share of non-zero gradients against the loss weight, one line per setup."""
-    from course_lib.plots.style import LINESTYLES, MARKERS, RANK_COLORS, new_figure
+    from course_lib.plots.charts import series_style
+    from course_lib.plots.style import new_figure
 
     fig = new_figure(7, 3.2)
     ax = fig.subplots()
     weights = sorted(grid)
     for i, name in enumerate(["fp32", *SETUPS]):
         ax.plot(weights, [100 * nonzero_share(grid[w][name]) for w in weights], label=name,
-                color=RANK_COLORS[i], linestyle=LINESTYLES[i], marker=MARKERS[i])
+                **series_style(i))
     ax.set_xscale("log")
     ax.set_xlabel("loss weight w (loss = w × MSE)")
     ax.set_ylabel("% of gradients non-zero")

@@ -8,15 +8,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from course_lib.plots.style import (
-    HATCHES,
-    HIGHLIGHT,
-    LINESTYLES,
-    MARKERS,
-    RANK_COLORS,
-    new_figure,
-    step_axis,
-)
+from course_lib.plots import charts
+from course_lib.plots.style import HIGHLIGHT, RANK_COLORS, new_figure
 from course_lib.teach.scaling_model import (
     MB,
     ONE_NODE,
@@ -43,9 +36,7 @@ def plot_scaling(models: dict[str, tuple[float, int]], links: dict[str, Link],
         for i, (name, link) in enumerate(links.items()):
             most = ONE_NODE.get(name, sizes[-1])
             _scaling_line(ax, compute_s, nbytes, name, link,
-                          tuple(n for n in sizes if n <= most),
-                          RANK_COLORS[i % len(RANK_COLORS)], MARKERS[i % len(MARKERS)],
-                          LINESTYLES[i % len(LINESTYLES)])
+                          tuple(n for n in sizes if n <= most), charts.series_style(i))
         if measured and ax is axes[0]:
             top = max(1.05, *(0.05 + efficiency(m[0], m[1]) for m in measured.values()))
             _measured_points(ax, measured, HIGHLIGHT)
@@ -67,15 +58,16 @@ def plot_scaling(models: dict[str, tuple[float, int]], links: dict[str, Link],
 
 
 def _scaling_line(ax: Any, compute_s: float, nbytes: int, name: str, link: Link,
-                  sizes: tuple[int, ...], color: str, marker: str, style: Any) -> None:
+                  sizes: tuple[int, ...], style: dict[str, Any]) -> None:
+    """One link's predicted efficiency at `sizes`, its crossover starred in its colour."""
     eff = [efficiency(compute_s, predict_step(compute_s, nbytes, n, link)) for n in sizes]
     at = crossover(compute_s, nbytes, link, sizes[-1])
     where = f"never dominates up to {sizes[-1]}" if at is None else f"dominates from {at}"
-    ax.plot(sizes, eff, color=color, marker=marker, linestyle=style, ms=4,
-            label=f"{name} ({where})")
+    ax.plot(sizes, eff, ms=4, label=f"{name} ({where})", **style)
     if at is not None:
         at_eff = efficiency(compute_s, predict_step(compute_s, nbytes, at, link))
-        ax.plot([at], [at_eff], marker="*", ms=15, color=color, mec="black", zorder=5)
+        ax.plot([at], [at_eff], marker="*", ms=15, color=style["color"], mec="black",
+                zorder=5)
 
 
 def _measured_points(ax: Any, measured: dict[int, tuple[float, float, float]],
@@ -128,32 +120,12 @@ def plot_bucket_sweep(sweep: dict[float, dict[str, Any]], link: Link, loopback_m
 
 def plot_bars(values: dict[str, float], ylabel: str, title: str, fmt: str = "{:.1f}"):
     """One bar per run (a bucket size, a hook), labelled with its value."""
-    fig = new_figure(6.5, 3.0)
-    ax = fig.subplots()
-    bars = ax.bar(range(len(values)), list(values.values()), edgecolor="black",
-                  color=[RANK_COLORS[i % len(RANK_COLORS)] for i in range(len(values))])
-    for bar, hatch in zip(bars, HATCHES * 3):
-        bar.set_hatch(hatch)
-    ax.bar_label(bars, [fmt.format(v) for v in values.values()], fontsize="small")
-    ax.set_xticks(range(len(values)), list(values), fontsize="small")
-    ax.set_ylim(0, max(values.values()) * 1.25 or 1)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize="medium")
-    return fig
+    return charts.bars(values, ylabel=ylabel, title=title, fmt=fmt)
 
 
 def plot_losses(curves: dict[str, list[float]], title: str):
-    """Training loss per step, one line per run."""
-    fig = new_figure(7, 3.2)
-    ax = fig.subplots()
-    for i, (name, values) in enumerate(curves.items()):
-        ax.plot(values, label=name, color=RANK_COLORS[i], linestyle=LINESTYLES[i],
-                marker=MARKERS[i], markersize=3, fillstyle="none")
-    step_axis(ax)
-    ax.set_ylabel("training loss (rank 0)")
-    ax.set_title(title, fontsize="medium")
-    ax.legend(fontsize="small")
-    return fig
+    """Training loss per step, one line per run (hollow markers: the runs may coincide)."""
+    return charts.lines(curves, ylabel="training loss (rank 0)", title=title, nested=True)
 
 
 def scaling_explorer(seconds_per_param: float, sizes_m: tuple[float, ...] = (1, 10, 100, 1000)):
