@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from checking import check_helpers
 from torch.nn.parallel import DistributedDataParallel as DDP
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson04 import check_gradient_differences, check_wrap_model
 
@@ -15,8 +15,7 @@ NOTEBOOK = "04_gradient_sync.ipynb"
 FAST = 10  # seconds a launch: wrong answers that desync ranks fail fast, never wait this long
 
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
-
+judged = verdicts_for(NOTEBOOK, FAST)
 
 
 # -- wrap_model -------------------------------------------------------------------------------
@@ -54,13 +53,11 @@ def wrap_a_copy(model):
     return DDP(copy.deepcopy(model), find_unused_parameters=True)
 
 
-@pytest.mark.parametrize("fn", ["solution", wrap_keywords, wrap_device_generic])
-def test_wrap_model_accepts(fn, capsys):
-    fn = solution("wrap_model") if fn == "solution" else fn
-    accepts(check_wrap_model, fn, capsys)
-
-
-@pytest.mark.parametrize("fn, hint", [
+# (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
+WRAP_MODEL = [
+    (Solution("wrap_model"), ACCEPTED),
+    (wrap_keywords, ACCEPTED),
+    (wrap_device_generic, ACCEPTED),
     (wrap_defaults, "on 2 ranks, training stopped at step 1 with DDP's \"Expected to have "
                     "finished reduction in the prior iteration\": in step 0 (task a) head_b got "
                     "no gradient"),
@@ -71,9 +68,7 @@ def test_wrap_model_accepts(fn, capsys):
                   "stopped at step 3"),
     (wrap_nothing, "returned a MultiTask, not a DistributedDataParallel"),
     (wrap_a_copy, "wraps another module, not the model you were given"),
-])
-def test_wrap_model_rejects(fn, hint, capsys):
-    rejects(check_wrap_model, fn, hint, capsys)
+]
 
 
 # -- gradient_differences ---------------------------------------------------------------------
@@ -183,14 +178,10 @@ def differences_as_tensors_by_objects(model):
             for name in grads}
 
 
-@pytest.mark.parametrize("fn", ["solution", differences_by_gather,
-                                differences_as_tensors_by_objects])
-def test_gradient_differences_accepts(fn, capsys):
-    fn = solution("gradient_differences") if fn == "solution" else fn
-    accepts(check_gradient_differences, fn, capsys)
-
-
-@pytest.mark.parametrize("fn, hint", [
+GRADIENT_DIFFERENCES = [
+    (Solution("gradient_differences"), ACCEPTED),
+    (differences_by_gather, ACCEPTED),
+    (differences_as_tensors_by_objects, ACCEPTED),
     (differences_local, "Compare across ranks with a collective"),
     (differences_of_norms, "Its norm is the same on every rank"),
     (differences_from_rank0, "your answer was right on 2 ranks but not on 4: fc1.weight: you "
@@ -203,14 +194,13 @@ def test_gradient_differences_accepts(fn, capsys):
     (differences_weights_only, "has no entry for fc1.bias, fc2.bias"),
     (differences_sum_trick, "your answer was right on 2 ranks but not on 4: fc1.weight: you "
                             "reported"),
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", [
+    *cases(check_wrap_model, WRAP_MODEL),
+    *cases(check_gradient_differences, GRADIENT_DIFFERENCES),
 ])
-def test_gradient_differences_rejects(fn, hint, capsys):
-    rejects(check_gradient_differences, fn, hint, capsys)
-
-
-def test_a_stub_says_not_written_yet():
-    def wrap_model(model):
-        raise NotImplementedError("TODO")
-
-    with pytest.raises(NotImplementedError, match=r"wrap_model\(\) is not written yet"):
-        check_wrap_model(wrap_model, timeout=FAST)
+def test_the_check_judges_the_answer(check, answer, hint, capsys):
+    """A right answer passes; a wrong one fails with the hint that names its mistake."""
+    judged(check, answer, hint, capsys)

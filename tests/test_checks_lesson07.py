@@ -5,15 +5,15 @@ from contextlib import nullcontext
 
 import pytest
 import torch.distributed as dist
-from checking import check_helpers
 from torch import nn
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson07 import check_train_step
 
 NOTEBOOK = "07_gradient_accumulation.ipynb"
 FAST = 20  # seconds a launch: every answer here finishes (or fails) well within it
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+judged = verdicts_for(NOTEBOOK, FAST)
 
 
 def step_first_then_last(model, optimizer, micro_batches):
@@ -128,14 +128,12 @@ def manual_all_reduce(model, optimizer, micro_batches):
     optimizer.zero_grad()
 
 
-@pytest.mark.parametrize("fn", ["solution", step_first_then_last, step_weighted_means,
-                                step_zeroing_first])
-def test_train_step_accepts(fn, capsys):
-    fn = solution("train_step") if fn == "solution" else fn
-    accepts(check_train_step, fn, capsys)
-
-
-@pytest.mark.parametrize("fn, hint", [
+# (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
+TRAIN_STEP = [
+    (Solution("train_step"), ACCEPTED),
+    (step_first_then_last, ACCEPTED),
+    (step_weighted_means, ACCEPTED),
+    (step_zeroing_first, ACCEPTED),
     (without_no_sync, "on 2 ranks with micro-batches of 4, 4 and 4 samples, you made 3 "
                       "all-reduces per optimizer step (k = 3); with no_sync() around the first "
                       "2 micro-batches (forward and backward) it is 1"),
@@ -153,6 +151,10 @@ def test_train_step_accepts(fn, capsys):
     (step_every_micro_batch, "train_step() called optimizer.step() 3 times"),
     (never_zeroed, "p.grad still held the previous step's gradient when this step began"),
     (manual_all_reduce, "you called 4 collective(s) yourself"),
-])
-def test_train_step_rejects(fn, hint, capsys):
-    rejects(check_train_step, fn, hint, capsys)
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", cases(check_train_step, TRAIN_STEP))
+def test_the_check_judges_the_answer(check, answer, hint, capsys):
+    """A right answer passes; a wrong one fails with the hint that names its mistake."""
+    judged(check, answer, hint, capsys)

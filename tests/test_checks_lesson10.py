@@ -5,14 +5,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from checking import check_helpers
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson10 import check_train_until_converged
 
 NOTEBOOK = "10_hangs_and_desync.ipynb"
 FAST = 15  # seconds a launch; a hang ends at the check's short process-group timeout
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+judged = verdicts_for(NOTEBOOK, FAST)
 
 
 def _train(model, batches, target, stop):
@@ -111,13 +111,10 @@ def returns_the_loss(model, batches, target):
     return 0.25
 
 
-@pytest.mark.parametrize("fn", ["solution", stop_on_a_flag])
-def test_train_until_converged_accepts(fn, capsys):
-    fn = solution("train_until_converged") if fn == "solution" else fn
-    accepts(check_train_until_converged, fn, capsys)
-
-
-@pytest.mark.parametrize("fn, hint", [
+# (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
+TRAIN_UNTIL_CONVERGED = [
+    (Solution("train_until_converged"), ACCEPTED),
+    (stop_on_a_flag, ACCEPTED),
     (own_loss, "on 2 ranks the ranks parted at collective #"),
     (own_loss, "each rank decided on its own loss"),
     (rank0_decides, "is where rank 0's own loss falls below it"),
@@ -128,9 +125,14 @@ def test_train_until_converged_accepts(fn, capsys):
                                   "all ranks first falls below the target at step 12"),
     (backprops_the_averaged_loss, "Back-propagate each rank's own loss, unscaled"),
     (returns_the_loss, "return the number of optimizer steps taken"),
-])
-def test_train_until_converged_rejects(fn, hint, capsys):
-    rejects(check_train_until_converged, fn, hint, capsys)
+]
+
+
+@pytest.mark.parametrize("check, answer, hint",
+                         cases(check_train_until_converged, TRAIN_UNTIL_CONVERGED))
+def test_the_check_judges_the_answer(check, answer, hint, capsys):
+    """A right answer passes; a wrong one fails with the hint that names its mistake."""
+    judged(check, answer, hint, capsys)
 
 
 def test_the_hang_hint_names_no_victim_as_the_root_cause(capsys):

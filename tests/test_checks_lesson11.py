@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
-from checking import check_helpers
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson11 import check_resume
 from course_lib.teach import checkpoints as ckpt
@@ -14,7 +14,7 @@ from course_lib.teach import checkpoints as ckpt
 NOTEBOOK = "11_checkpoints.ipynb"
 FAST = 30
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+judged = verdicts_for(NOTEBOOK, FAST)
 
 
 class WithCourseHelpers:
@@ -195,17 +195,14 @@ class EveryRankWrites(RankZeroWrites):
         dist.barrier()
 
 
-@pytest.mark.parametrize("answer", ["solution", RankZeroWrites, WithCourseHelpers,
-                                    OneFilePerRank], ids=lambda a: getattr(a, "__name__", a))
-def test_accepts(answer, capsys):
-    """The worked Checkpointer, and correct ones written otherwise: rank 0 writing every
-    rank's state atomically, the course's helpers, one file per rank."""
-    answer = solution("Checkpointer") if answer == "solution" else answer
-    accepts(check_resume, answer, capsys)
-
-
-# A plausible wrong Checkpointer, and the hint that must name what its resume missed.
-REJECTED = [
+# A Checkpointer, and what the check must say of it: ACCEPTED for the worked one and correct
+# ones written otherwise (rank 0 writing every rank's state atomically, the course's helpers,
+# one file per rank), else the hint that must name what its resume missed.
+CHECKPOINTERS = [
+    (Solution("Checkpointer"), ACCEPTED),
+    (RankZeroWrites, ACCEPTED),
+    (WithCourseHelpers, ACCEPTED),
+    (OneFilePerRank, ACCEPTED),
     (InPlace, "os.replace() it onto the real name"),  # a kill in the middle damages the file
     (NoBarrier, "End save() with dist.barrier()"),
     (WrapperKeys, "Save ddp_model.module.state_dict()"),
@@ -219,7 +216,8 @@ REJECTED = [
 ]
 
 
-@pytest.mark.parametrize("answer, hint", [pytest.param(a, h, id=a.__name__) for a, h in REJECTED])
-def test_rejects(answer, hint, capsys):
-    """A plausible wrong Checkpointer, with the hint that names what its resume missed."""
-    rejects(check_resume, answer, hint, capsys)
+@pytest.mark.parametrize("check, answer, hint", cases(check_resume, CHECKPOINTERS))
+def test_the_check_judges_the_checkpointer(check, answer, hint, capsys):
+    """A right Checkpointer passes; a wrong one fails with the hint that names what its
+    resume missed."""
+    judged(check, answer, hint, capsys)
