@@ -133,6 +133,26 @@ def test_a_rule_for_an_unknown_id_fails_at_import() -> None:
         rule("P01", needs=("passes",))
 
 
+def test_recorded_wraps_the_collectives_only_inside_its_block() -> None:
+    """The checks' recorder is the x-ray probe's: each call once, with its tensor argument's
+    storage, and torch.distributed as it was after the block."""
+    import torch
+    import torch.distributed as dist
+
+    from course_lib.xray.probes.collectives import OPS, Call, recorded, storage_of
+
+    real, t = dist.all_reduce, torch.zeros(3)
+    with recorded() as calls:
+        assert dist.all_reduce is not real
+        with pytest.raises((RuntimeError, ValueError)):  # no process group here
+            dist.all_reduce(t[1:])
+        with pytest.raises((RuntimeError, ValueError)):
+            dist.barrier()
+    assert dist.all_reduce is real
+    assert calls == [Call("all_reduce", storage_of(t)), Call("barrier", 0)]
+    assert {"all_reduce", "all_gather_object"} <= {n for n, op in OPS.items() if op.combines}
+
+
 def test_every_event_kind_has_a_schema_and_its_writer() -> None:
     """events.EVENTS names, for each kind, the probe whose record.note writes it, and every
     kind a rule needs is written by a probe (not only declared)."""

@@ -7,13 +7,12 @@ from collections import defaultdict
 from typing import Any
 
 from course_lib.xray.observation import Observation
+from course_lib.xray.probes.collectives import OPS
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
 
 SAME_SHARE = 0.5  # ranks that share at least this fraction of their samples read the same data
-COLLECTIVES_THAT_COMBINE = {"all_reduce", "reduce", "all_gather", "all_gather_into_tensor",
-                            "gather", "all_gather_object", "gather_object",
-                            "reduce_scatter", "reduce_scatter_tensor"}
+COLLECTIVES_THAT_COMBINE = {name for name, op in OPS.items() if op.combines}
 
 _METRIC = re.compile(r"\d\.\d|\d\s*%|\d\s*/\s*\d")  # 0.93, 93 %, 93/100: a measured value
 Pass = dict[str, Any]
