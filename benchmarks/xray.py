@@ -69,7 +69,7 @@ print(f"TRAIN_SECONDS {time.perf_counter() - start:.4f}")
 # The same script on the course's launcher without the probes: the x-ray's own ranks start
 # the same way (forked from a forkserver that imported torch), so this isolates the probes.
 LAUNCHER = ("import functools; from course_lib.launching import launch; "
-            "from course_lib.xray.worker import run_script; "
+            "from course_lib.xray.on_rank import run_script; "
             "launch(functools.partial(run_script, {script!r}, []), 2)")
 
 

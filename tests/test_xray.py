@@ -247,9 +247,9 @@ _LOADER_LINE = next(i for i, line in enumerate(Path(__file__).read_text().splitl
 # rule fires on the run that shows its pitfall and stays quiet on the run beside it.
 
 def _obs(*per_rank: list[dict]):
-    """An Observation of len(per_rank) ranks with these events."""
-    from course_lib.xray.observation import Observation
-    return Observation(world_size=len(per_rank), events=dict(enumerate(per_rank)))
+    """RunEvents of len(per_rank) ranks with these events."""
+    from course_lib.xray.run_events import RunEvents
+    return RunEvents(world_size=len(per_rank), events=dict(enumerate(per_rank)))
 
 
 def _ev(kind: str, t: float = 0.0, **fields) -> dict:
@@ -403,7 +403,7 @@ def test_a_failing_probe_never_breaks_the_run() -> None:
     """A bug in a probe's bookkeeping is kept as an event and reported, not raised."""
     from course_lib.xray import record
     from course_lib.xray.detectors import run_all
-    from course_lib.xray.observation import Observation
+    from course_lib.xray.run_events import RunEvents
 
     record.clear()
     with record.guard():
@@ -412,7 +412,7 @@ def test_a_failing_probe_never_breaks_the_run() -> None:
     record.clear()
     assert [e["kind"] for e in events] == ["probe_error"]
     assert events[0]["probe"] == ""  # raised here, not inside a probe module
-    report = run_all(Observation(world_size=2, events={0: events, 1: []}))
+    report = run_all(RunEvents(world_size=2, events={0: events, 1: []}))
     assert any("a probe failed on rank 0 (KeyError" in line for line in report.not_checked)
 
 
@@ -485,7 +485,7 @@ def test_a_run_s_events_match_their_schemas() -> None:
     """Every event a real DDP run's probes wrote has its kind's fields (xray/events.py)."""
     from course_lib import xray
     from course_lib.xray.events import mismatch
-    from course_lib.xray.observation import COLLECTOR
+    from course_lib.xray.on_rank import COLLECTOR
 
     report = xray(functools.partial(_train_with_a_broken_probe, "no probe"), world_size=2,
                   timeout=60)

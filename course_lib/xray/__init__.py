@@ -30,10 +30,10 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
     from course_lib.launching.launcher import PG_TIMEOUT_MAX_S
     from course_lib.xray.cause import cause
     from course_lib.xray.detectors import run_all
-    from course_lib.xray.observation import Observation
+    from course_lib.xray.on_rank import journal_path, observed
     from course_lib.xray.record import journaled
+    from course_lib.xray.run_events import RunEvents
     from course_lib.xray.tidy import tidy
-    from course_lib.xray.worker import journal_path, observed
 
     # A hang ends this soon after its collective began: a quarter of the run's timeout, at
     # most launch's ceiling, at least 1 s; a collective that waits longer for a slow peer fails.
@@ -47,7 +47,7 @@ def xray(train_fn: Callable[..., Any], world_size: int = 2, *, timeout: float = 
                          timeout=timeout, **launch_kwargs)
         except DistributedError as exc:
             error, run = exc, exc.run
-        obs = Observation.from_run(world_size, run, error, script=title, source=source)
+        obs = RunEvents.from_run(world_size, run, error, script=title, source=source)
         for rank in set(range(world_size)) - set(obs.events):  # killed by a signal
             events = journaled(journal_path(journal_dir, rank))
             if events is not None:

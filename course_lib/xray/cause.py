@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from course_lib.xray.observation import Observation
+from course_lib.xray.run_events import RunEvents
 
 # A GPU-only call on a machine without (enough) GPUs, as torch words it.
 _GPU = re.compile(r"_cuda_setDevice|_cuda_getDeviceCount|Torch not compiled with CUDA|"
@@ -22,7 +22,7 @@ _ARG_ERROR = re.compile(r"^[\w.\-]+: error: (.*)$", re.MULTILINE)
 _TRAINING = ("ddp", "opt_step", "pass", "collective")
 
 
-def cause(obs: Observation) -> str:
+def cause(obs: RunEvents) -> str:
     """One line: why the script did not train here and what to do ("" when it trained or
     failed for a reason the error itself names)."""
     failures = list(getattr(obs.error, "failures", []) or [])

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such file: {args.script!r}")
     if args.nproc_per_node < 1:
         parser.error("--nproc-per-node must be at least 1")
-    from course_lib.xray.worker import run_script
+    from course_lib.xray.on_rank import run_script
 
     fn = functools.partial(run_script, os.path.abspath(args.script), args.args, os.getcwd())
     title = f"X-ray of {args.script} on {args.nproc_per_node} rank(s)"

@@ -2,7 +2,7 @@
 
     @rule("P18", needs=("loader",), unjudged=lambda obs: "" if obs.of("loader") else
           "no DataLoader was made")
-    def _p18(obs: Observation) -> Finding | None: ...
+    def _p18(obs: RunEvents) -> Finding | None: ...
 
 `needs` names the event kinds the judge reads (xray/events.py): when a probe that writes one
 of them failed in this run, the rule is not judged and says so. `unjudged` gives the rule's
@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 from course_lib.pitfalls import PITFALLS
 from course_lib.xray.events import EVENTS
-from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding
+from course_lib.xray.run_events import RunEvents
 
-Judge = Callable[[Observation], "Finding | None"]
-Reason = Callable[[Observation], str]
+Judge = Callable[[RunEvents], "Finding | None"]
+Reason = Callable[[RunEvents], str]
 
 
-def _always(obs: Observation) -> str:
+def _always(obs: RunEvents) -> str:
     return ""
 
 
@@ -39,7 +39,7 @@ class Rule:
     unjudged_because: Reason = _always
     hides: tuple[str, ...] = ()
 
-    def broken_probe(self, obs: Observation) -> str:
+    def broken_probe(self, obs: RunEvents) -> str:
         """Why a failed probe leaves this rule unjudged ("" when none that it needs failed):
         a probe's missing events must never read as the learner's code doing something."""
         writers = {EVENTS[kind].writer for kind in self.needs}
@@ -69,6 +69,6 @@ def rule(pid: str, needs: tuple[str, ...], unjudged: Reason = _always,
     return register
 
 
-def one_rank(obs: Observation) -> str:
+def one_rank(obs: RunEvents) -> str:
     """The reason of every rule that compares ranks, on a run of one rank."""
     return "one rank only" if obs.world_size < 2 else ""

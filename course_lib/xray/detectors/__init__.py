@@ -9,9 +9,9 @@ from __future__ import annotations
 from course_lib.pitfalls import PITFALLS
 from course_lib.xray.detectors import amp, checkpoint, data, desync, model, output
 from course_lib.xray.events import EVENTS
-from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, Report
 from course_lib.xray.rules import RULES, Rule
+from course_lib.xray.run_events import RunEvents
 
 AREAS = (data, output, desync, model, checkpoint, amp)  # the report's order
 
@@ -23,7 +23,7 @@ def rules() -> list[Rule]:
     return sorted(RULES.values(), key=lambda r: order[r.judge.__module__])
 
 
-def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Report:
+def run_all(obs: RunEvents, error_text: str = "", title: str = "X-ray") -> Report:
     """Every rule judged on `obs`: its findings, what was checked clean, and what could not
     be checked (a probe it needs failed, or the rule's own reason)."""
     findings: list[Finding] = []
@@ -48,7 +48,7 @@ def run_all(obs: Observation, error_text: str = "", title: str = "X-ray") -> Rep
                   error=error_text, title=title)
 
 
-def _unfed_probe_errors(obs: Observation) -> list[str]:
+def _unfed_probe_errors(obs: RunEvents) -> list[str]:
     """A failed probe that no rule needs (the spawn probe, a bug outside any probe)."""
     needed = {EVENTS[kind].writer for r in RULES.values() for kind in r.needs}
     return [f"x-ray: a probe failed on rank {rank} ({e['error']}); what it watches may be "

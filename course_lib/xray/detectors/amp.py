@@ -3,21 +3,21 @@ gradients underflowing to zero (S3)."""
 
 from __future__ import annotations
 
-from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
+from course_lib.xray.run_events import RunEvents
 
 MOSTLY_ZERO = 0.5  # a step whose gradient values are at least this fraction exactly 0.0
 
 
-def _no_fp16(obs: Observation) -> str:
+def _no_fp16(obs: RunEvents) -> str:
     if obs.of("fp16_params") or any(e["dtype"] == "float16" for _, e in obs.of("autocast")):
         return ""
     return "no fp16 autocast ran and no fp16 weights were trained"
 
 
 @rule("S3", needs=("autocast", "fp16_params", "scaler_scale", "opt_step"), unjudged=_no_fp16)
-def _s3(obs: Observation) -> Finding | None:
+def _s3(obs: RunEvents) -> Finding | None:
     """S3 on the first rank that trained under fp16 autocast without scaling its loss:
     confirmed when most steps' gradients were mostly exactly zero, else suspected."""
     for rank in sorted(obs.events):

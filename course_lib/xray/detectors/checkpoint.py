@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
+from course_lib.xray.run_events import RunEvents
 
 SOON_MS = 1000  # a failed load this close before another rank's save of the file raced it
 
 
-def _nothing_loaded(obs: Observation) -> str:
+def _nothing_loaded(obs: RunEvents) -> str:
     if obs.of("load_state_dict"):
         return ""
     prefixed = [e for _, e in obs.of("save") if e["prefixed"]]
@@ -21,14 +21,14 @@ def _nothing_loaded(obs: Observation) -> str:
             f"dict was loaded in this run" if prefixed else "no state dict was loaded into a model")
 
 
-def _no_save_and_load(obs: Observation) -> str:
+def _no_save_and_load(obs: RunEvents) -> str:
     if not obs.of("save"):
         return "no checkpoint was saved with torch.save"
     return "" if obs.of("load") else "no checkpoint was loaded with torch.load"
 
 
 @rule("P12", needs=("load_state_dict", "save"), unjudged=_nothing_loaded)
-def _p12(obs: Observation) -> Finding | None:
+def _p12(obs: RunEvents) -> Finding | None:
     """A state dict loaded into a module whose keys do not carry the same DDP prefix."""
     for rank, e in obs.of("load_state_dict"):
         if not e["keys"]:
@@ -60,7 +60,7 @@ def _key_error(error: str) -> str:
 
 
 @rule("P15", needs=("save", "load"), unjudged=_no_save_and_load)
-def _p15(obs: Observation) -> Finding | None:
+def _p15(obs: RunEvents) -> Finding | None:
     """A load by one rank that began before another rank's save of the same file ended:
     while it was written, or before it was written when the saver itself read it after."""
     saves = obs.of("save")

@@ -6,10 +6,10 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from course_lib.xray.observation import Observation
 from course_lib.xray.probes.collectives import OPS
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
+from course_lib.xray.run_events import RunEvents
 
 SAME_SHARE = 0.5  # ranks that share at least this fraction of their samples read the same data
 COLLECTIVES_THAT_COMBINE = {name for name, op in OPS.items() if op.combines}
@@ -20,23 +20,23 @@ Pass = dict[str, Any]
 
 # -- why a run gave a rule nothing to judge ------------------------------------------------------
 
-def _no_training(obs: Observation) -> str:
+def _no_training(obs: RunEvents) -> str:
     if not any(_training(p) for _, p in obs.of("pass")):
         return "no training loop over a DataLoader ran"
     return ""
 
 
-def _no_training_across_ranks(obs: Observation) -> str:
+def _no_training_across_ranks(obs: RunEvents) -> str:
     return _no_training(obs) or ("one rank only" if obs.world_size < 2 else "")
 
 
-def _no_second_epoch(obs: Observation) -> str:
+def _no_second_epoch(obs: RunEvents) -> str:
     if _no_training(obs) or _repeated_training(obs):
         return _no_training(obs)
     return "no DataLoader was trained on for two epochs"
 
 
-def _no_evaluation_across_ranks(obs: Observation) -> str:
+def _no_evaluation_across_ranks(obs: RunEvents) -> str:
     if obs.world_size < 2:
         return "one rank only"
     if not any(_eval(p) for _, p in obs.of("pass")):
@@ -46,7 +46,7 @@ def _no_evaluation_across_ranks(obs: Observation) -> str:
 
 # -- the passes, lined up across ranks --------------------------------------------------------
 
-def _groups(obs: Observation) -> list[dict[int, Pass]]:
+def _groups(obs: RunEvents) -> list[dict[int, Pass]]:
     """Passes by (loader, pass number), each a dict rank -> pass, every rank present."""
     by_key: dict[tuple, dict[int, Pass]] = defaultdict(dict)
     for rank, p in obs.of("pass"):
@@ -95,7 +95,7 @@ def _epoch(p: Pass) -> str:
 
 @rule("P18", needs=("loader",),
       unjudged=lambda obs: "" if obs.of("loader") else "no DataLoader was made")
-def _p18(obs: Observation) -> Finding | None:
+def _p18(obs: RunEvents) -> Finding | None:
     bad = [(r, e) for r, e in obs.of("loader") if e["shuffle"] and e["sampler"]]
     if not bad:
         return None
@@ -107,14 +107,14 @@ def _p18(obs: Observation) -> Finding | None:
                           f"{len({r for r, _ in bad})} rank(s){what}", e["where"])
 
 
-def _error_text(obs: Observation) -> str:
+def _error_text(obs: RunEvents) -> str:
     return str(obs.error) if obs.error is not None else ""
 
 
 # -- P03 ----------------------------------------------------------------------------------------
 
 @rule("P03", needs=("pass", "sampler"), unjudged=_no_training_across_ranks)
-def _p03(obs: Observation) -> Finding | None:
+def _p03(obs: RunEvents) -> Finding | None:
     for group in _groups(obs):
         passes = [group[r] for r in sorted(group)]
         if not all(_training(p) for p in passes):
@@ -175,7 +175,7 @@ def _sampler_text(p: Pass) -> str:
             f"rank={settings['rank']}) on rank 0")
 
 
-def _unused_sampler(obs: Observation) -> str:
+def _unused_sampler(obs: RunEvents) -> str:
     """'; a DistributedSampler made at x.py:12 was never iterated' when one was."""
     used = {p["sampler_key"] for _, p in obs.of("pass")}
     unused = [e for _, e in obs.of("sampler") if e["key"] not in used]
@@ -187,7 +187,7 @@ def _unused_sampler(obs: Observation) -> str:
 
 # -- P04 ----------------------------------------------------------------------------------------
 
-def _repeated_training(obs: Observation) -> dict[tuple[int, str], list[Pass]]:
+def _repeated_training(obs: RunEvents) -> dict[tuple[int, str], list[Pass]]:
     """Per (rank, loader line), its complete training passes, when there are two or more."""
     runs: dict[tuple[int, str], list[Pass]] = defaultdict(list)
     for rank, p in obs.of("pass"):
@@ -197,7 +197,7 @@ def _repeated_training(obs: Observation) -> dict[tuple[int, str], list[Pass]]:
 
 
 @rule("P04", needs=("pass", "set_epoch"), unjudged=_no_second_epoch)
-def _p04(obs: Observation) -> Finding | None:
+def _p04(obs: RunEvents) -> Finding | None:
     repeated: dict[str, dict[int, list[Pass]]] = defaultdict(dict)
     for (rank, line), passes in _repeated_training(obs).items():
         repeated[line][rank] = [p for p in passes
@@ -236,7 +236,7 @@ def _repeated_order(by_rank: list[list[Pass]]) -> tuple[int, int] | None:
 # -- P20 ----------------------------------------------------------------------------------------
 
 @rule("P20", needs=("pass", "join"), unjudged=_no_training_across_ranks, hides=("S1",))
-def _p20(obs: Observation) -> Finding | None:
+def _p20(obs: RunEvents) -> Finding | None:
     """Ranks whose loaders ran out at different steps (their hang is P20's symptom, so the
     desync it ends in, S1, is not reported beside it)."""
     if any(e["enable"] for _, e in obs.of("join")):
@@ -275,14 +275,14 @@ def _eval_groups(groups: list[dict[int, Pass]]) -> list[dict[int, Pass]]:
     return [g for g in groups if all(_eval(p) and p["done"] for p in g.values())]
 
 
-def _combined_after(obs: Observation, rank: int, start: float, end: float) -> list[dict]:
+def _combined_after(obs: RunEvents, rank: int, start: float, end: float) -> list[dict]:
     """The learner's collectives that combine values, on `rank` between two times."""
     return [e for r, e in obs.of("collective")
             if r == rank and start <= e["t"] <= end and e["op"] in COLLECTIVES_THAT_COMBINE]
 
 
 @rule("X1", needs=("pass", "collective"), unjudged=_no_evaluation_across_ranks)
-def _x1(obs: Observation) -> Finding | None:
+def _x1(obs: RunEvents) -> Finding | None:
     for group in _eval_groups(_groups(obs)):
         p = group[min(group)]
         settings, size = p["distributed"], p["dataset_len"]
@@ -303,7 +303,7 @@ def _x1(obs: Observation) -> Finding | None:
     return None
 
 
-def _window_end(obs: Observation, p: Pass) -> float:
+def _window_end(obs: RunEvents, p: Pass) -> float:
     """When this evaluation's results were last in use on its rank: until the next training
     pass or the next pass of the same loader (else the end of the run). Other evaluation
     passes in between (imagenet's extra pass over the samples drop_last left out) add to
@@ -314,12 +314,12 @@ def _window_end(obs: Observation, p: Pass) -> float:
     return min(later, default=float("inf"))
 
 
-def _rank_of(obs: Observation, p: Pass) -> int:
+def _rank_of(obs: RunEvents, p: Pass) -> int:
     return next(r for r, events in obs.events.items() if any(e is p for e in events))
 
 
 @rule("X2", needs=("pass", "print", "collective"), unjudged=_no_evaluation_across_ranks)
-def _x2(obs: Observation) -> Finding | None:
+def _x2(obs: RunEvents) -> Finding | None:
     for group in _eval_groups(_groups(obs)):
         indices = [set(_consumed(p)) for p in group.values()]
         if not all(indices) or _shared(indices) >= SAME_SHARE * min(map(len, indices)):

@@ -8,15 +8,15 @@ import re
 
 from course_lib.launching.desync_report import DesyncReport, first_difference
 from course_lib.launching.errors import is_collective_error
-from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
+from course_lib.xray.run_events import RunEvents
 
 _DDP_FORWARD = ("DDP's forward", "DDP's buffer broadcast")
 _LINE = re.compile(r"^(?P<fn>[^,]+), line (?P<line>\d+)")
 
 
-def _no_report(obs: Observation) -> str:
+def _no_report(obs: RunEvents) -> str:
     if obs.error is None or obs.desync is not None:
         return ""  # a run that ended normally had no hang and no desync to explain
     return "the run failed, but no desync report was made (flight recorder off)"
@@ -24,18 +24,18 @@ def _no_report(obs: Observation) -> str:
 
 # S1 and X3 come from one reading of the desync report: each rule keeps its own id.
 @rule("S1", needs=("collective", "ddp_buffer_sync"), unjudged=_no_report)
-def _s1(obs: Observation) -> Finding | None:
+def _s1(obs: RunEvents) -> Finding | None:
     found = _desync(obs)
     return found if found is not None and found.id == "S1" else None
 
 
 @rule("X3", needs=("ddp_buffer_sync", "collective"), unjudged=_no_report)
-def _x3(obs: Observation) -> Finding | None:
+def _x3(obs: RunEvents) -> Finding | None:
     found = _desync(obs)
     return found if found is not None and found.id == "X3" else None
 
 
-def _desync(obs: Observation) -> Finding | None:
+def _desync(obs: RunEvents) -> Finding | None:
     """S1 or X3 when the ranks' collectives part; nothing when they agree."""
     report = obs.desync
     if report is None or (report.first_difference is None and not report.mismatch):
@@ -63,7 +63,7 @@ def _desync(obs: Observation) -> Finding | None:
     return finding("S1", report.summary, _where(obs, _branch(report)), certainty)
 
 
-def _mismatch(obs: Observation, report: DesyncReport, ranks: list[int]) -> Finding:
+def _mismatch(obs: RunEvents, report: DesyncReport, ranks: list[int]) -> Finding:
     """Gloo's size check aborted a rank, so its recorder is lost: its journaled events say
     whether it was evaluating through DDP while the others trained (X3), else S1."""
     evidence = report.summary.split(" Rank(s) ")[0]
@@ -79,7 +79,7 @@ def _mismatch(obs: Observation, report: DesyncReport, ranks: list[int]) -> Findi
     return finding("S1", evidence + _last_calls(obs), _last_line(obs, ranks[0]))
 
 
-def _last_calls(obs: Observation) -> str:
+def _last_calls(obs: RunEvents) -> str:
     """' Each rank's last collective (the x-ray's records): rank 0 all_reduce [17, 1]; ...'"""
     last = {}
     for rank, e in obs.of("collective"):
@@ -88,13 +88,13 @@ def _last_calls(obs: Observation) -> str:
         if last else ""
 
 
-def _last_line(obs: Observation, rank: int) -> str:
+def _last_line(obs: RunEvents, rank: int) -> str:
     """The aborted rank's last collective's line, from its journaled events."""
     lines = [e["where"] for r, e in obs.of("collective") if r == rank and e["where"]]
     return lines[-1] if lines else ""
 
 
-def _evaluating(obs: Observation, rank: int) -> bool:
+def _evaluating(obs: RunEvents, rank: int) -> bool:
     """Whether the rank's last DDP buffer broadcast came from an evaluation forward (no_grad
     or eval mode); True when its events did not come back (the desync alone says X3), False
     when it made no buffer broadcast (a model without buffers: DDP's forward collective
@@ -121,7 +121,7 @@ def _branch(report: DesyncReport) -> str:
     return call.where if call else ""
 
 
-def _crashed(obs: Observation) -> bool:
+def _crashed(obs: RunEvents) -> bool:
     """True when the run's root cause is a rank's own exception (not a peer's failure)."""
     failures = getattr(obs.error, "failures", [])
     mismatch = obs.desync.mismatch if obs.desync is not None else []
@@ -130,7 +130,7 @@ def _crashed(obs: Observation) -> bool:
         and failures[0].rank not in mismatch  # gloo's size check: a desync, not a crash
 
 
-def _where(obs: Observation, where: str) -> str:
+def _where(obs: RunEvents, where: str) -> str:
     """'train.py:40' from the report's 'main, line 40 (...)' and the script's file."""
     match = _LINE.match(where)
     if not match:

@@ -8,9 +8,9 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import one_rank, rule
+from course_lib.xray.run_events import RunEvents
 
 SMALL_BATCH = 16  # per-rank BatchNorm batches up to this size give noisy statistics
 GRADS_EQUAL = 1e-6  # relative: gradients averaged across ranks are equal on every rank
@@ -19,18 +19,18 @@ UNUSED_ERROR = ("Expected to have finished reduction in the prior iteration",
                 "parameters that were not used in producing loss")
 
 
-def _no_step(obs: Observation) -> str:
+def _no_step(obs: RunEvents) -> str:
     return one_rank(obs) or ("" if obs.of("opt_step") else "no optimizer step ran")
 
 
-def _no_ddp_step(obs: Observation) -> str:
+def _no_ddp_step(obs: RunEvents) -> str:
     if not one_rank(obs) and not obs.of("ddp"):
         return "the model was not wrapped in DistributedDataParallel"
     return _no_step(obs)
 
 
 @rule("P05", needs=("batchnorm",), unjudged=one_rank)
-def _p05(obs: Observation) -> Finding | None:
+def _p05(obs: RunEvents) -> Finding | None:
     """Plain BatchNorm layers that normalised training batches of few samples per rank."""
     if one_rank(obs):
         return None
@@ -56,7 +56,7 @@ def _p05(obs: Observation) -> Finding | None:
                    first[keys[0]]["where"])
 
 
-def _steps(obs: Observation) -> dict[int, list[dict[str, Any]]]:
+def _steps(obs: RunEvents) -> dict[int, list[dict[str, Any]]]:
     by_rank = defaultdict(list)
     for rank, e in obs.of("opt_step"):
         by_rank[rank].append(e)
@@ -68,7 +68,7 @@ def _differ(a: list[float], b: list[float], tolerance: float) -> bool:
 
 
 @rule("P08", needs=("opt_step",), unjudged=_no_step)
-def _p08(obs: Observation) -> Finding | None:
+def _p08(obs: RunEvents) -> Finding | None:
     """At one step, some parameters' gradients equal on every rank (averaged: the ranks do
     sync) while some parameters differ across ranks: replicas that drifted apart."""
     if one_rank(obs):
@@ -110,7 +110,7 @@ def _p08_evidence(step: int, r0: int, r1: int, e0: dict[str, Any], e1: dict[str,
 
 
 @rule("P09", needs=("opt_step", "ddp"), unjudged=_no_ddp_step)
-def _p09(obs: Observation) -> Finding | None:
+def _p09(obs: RunEvents) -> Finding | None:
     """More than one gradient all-reduce (a synced DDP backward) accumulated into the
     gradients of one optimizer step (counted since the step's zero_grad)."""
     if one_rank(obs):
@@ -139,7 +139,7 @@ def _p09(obs: Observation) -> Finding | None:
 
 
 @rule("P10", needs=("ddp", "ddp_unused", "opt_step"), unjudged=_no_ddp_step)
-def _p10(obs: Observation) -> Finding | None:
+def _p10(obs: RunEvents) -> Finding | None:
     """Unused parameters without find_unused_parameters (the error, or suspected before it
     came), or find_unused_parameters=True with every parameter used in every backward."""
     models = obs.of("ddp")
@@ -164,7 +164,7 @@ def _p10(obs: Observation) -> Finding | None:
     return None
 
 
-def _p10_not_needed(obs: Observation, ddp: dict[str, Any]) -> Finding | None:
+def _p10_not_needed(obs: RunEvents, ddp: dict[str, Any]) -> Finding | None:
     """find_unused_parameters=True although every parameter got a gradient every time."""
     by_rank = _steps(obs)
     if len(by_rank) < obs.world_size:
@@ -179,5 +179,5 @@ def _p10_not_needed(obs: Observation, ddp: dict[str, Any]) -> Finding | None:
                           f"per step for nothing", ddp["where"], certainty="suspected")
 
 
-def _error_text(obs: Observation) -> str:
+def _error_text(obs: RunEvents) -> str:
     return (str(obs.error) if obs.error else "") + "\n".join(obs.logs.values())

@@ -5,21 +5,21 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from course_lib.xray.observation import Observation
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import one_rank, rule
+from course_lib.xray.run_events import RunEvents
 
 _PER_RANK = re.compile(r"rank|gpu|device|cuda:|local", re.IGNORECASE)
 
 
-def _not_every_rank(obs: Observation) -> str:
+def _not_every_rank(obs: RunEvents) -> str:
     if one_rank(obs) or len(obs.events) >= obs.world_size:
         return one_rank(obs)
     return "not every rank's output came back"
 
 
 @rule("P16", needs=("print",), unjudged=_not_every_rank)
-def _p16(obs: Observation) -> Finding | None:
+def _p16(obs: RunEvents) -> Finding | None:
     """P16 when one print() line ran on every rank and printed the same text, or printed
     its own values more than once without naming the rank (the first site that shows it)."""
     if _not_every_rank(obs):

@@ -1,15 +1,15 @@
-"""Observation: what one x-rayed run did, every rank's events side by side."""
+"""RunEvents: what one x-rayed run did, every rank's events side by side."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-COLLECTOR = "xray"  # the name the rank's events travel under (Run.extras[rank][COLLECTOR])
+from course_lib.xray.on_rank import COLLECTOR
 
 
 @dataclass
-class Observation:
+class RunEvents:
     """One run as the detectors see it.
 
     events: per rank, the probes' events in order (see record.note).
@@ -33,7 +33,7 @@ class Observation:
 
     @classmethod
     def from_run(cls, world_size: int, run: Any, error: Any = None,
-                 script: str = "", source: str = "") -> Observation:
+                 script: str = "", source: str = "") -> RunEvents:
         """Build from a launch's Run (or the failed launch's error.run) and its error."""
         obs = cls(world_size=world_size, error=error,
                   desync=getattr(error, "desync", None), script=script,
