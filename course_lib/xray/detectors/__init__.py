@@ -7,13 +7,13 @@ fails to import is an error, never a rule silently left out.
 from __future__ import annotations
 
 from course_lib.pitfalls import PITFALLS
-from course_lib.xray.detectors import amp, checkpoint, data, desync, model, output
+from course_lib.xray.detectors import amp, checkpoint, data, desync, evaluation, model, output
 from course_lib.xray.events import EVENTS
 from course_lib.xray.report import Finding, Report
 from course_lib.xray.rules import RULES, Rule
 from course_lib.xray.run_events import RunEvents
 
-AREAS = (data, output, desync, model, checkpoint, amp)  # the report's order
+AREAS = (data, evaluation, output, desync, model, checkpoint, amp)  # the report's order
 
 
 def rules() -> list[Rule]:
