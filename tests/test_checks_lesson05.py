@@ -6,8 +6,8 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-from checking import check_helpers
 from torch import nn
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson05 import check_evaluate, check_global_batch_stats
 
@@ -16,7 +16,8 @@ FAST = 6  # seconds: wrong answers that desynchronise ranks fail fast, never wai
 EVAL_TIMEOUT = 20  # the evaluate check trains a DDP model first; its hangs end after 2 s
 
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+judged = verdicts_for(NOTEBOOK, FAST)
+judged_slowly = verdicts_for(NOTEBOOK, EVAL_TIMEOUT)
 
 
 # -- global_batch_stats -----------------------------------------------------------------------
@@ -110,13 +111,11 @@ def stats_on_rank0_only(x):
     return mean, totals[c:2 * c] / n - mean * mean
 
 
-@pytest.mark.parametrize("fn", ["solution", stats_by_gather, stats_gathered_like_torch])
-def test_global_batch_stats_accepts(fn, capsys):
-    fn = solution("global_batch_stats") if fn == "solution" else fn
-    accepts(check_global_batch_stats, fn, capsys)
-
-
-@pytest.mark.parametrize("fn, hint", [
+# (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
+GLOBAL_BATCH_STATS = [
+    (Solution("global_batch_stats"), ACCEPTED),
+    (stats_by_gather, ACCEPTED),
+    (stats_gathered_like_torch, ACCEPTED),
     (stats_local, "on 2 ranks holding 6 and 3 rows, rank 0 returned the statistics of its "
                   "own 6 rows only, and called no collective"),
     (stats_reduced_temporaries, "although it called all_reduce: the combined result was not"),
@@ -126,9 +125,14 @@ def test_global_batch_stats_accepts(fn, capsys):
     (stats_average_of_variances, "misses how far apart their means are"),
     (stats_unbiased, "the unbiased one (divided by N - 1)"),
     (stats_on_rank0_only, "only rank 0 got the global statistics"),
-])
-def test_global_batch_stats_rejects(fn, hint, capsys):
-    rejects(check_global_batch_stats, fn, hint, capsys)
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", cases(check_global_batch_stats,
+                                                      GLOBAL_BATCH_STATS))
+def test_the_stats_check_judges_the_answer(check, answer, hint, capsys):
+    """A right answer passes; a wrong one fails with the hint that names its mistake."""
+    judged(check, answer, hint, capsys)
 
 
 # -- evaluate ---------------------------------------------------------------------------------
@@ -209,14 +213,11 @@ def evaluate_counting_correct(model, x, y):
     return correct
 
 
-@pytest.mark.parametrize("fn", ["solution", evaluate_keeping_the_mode, evaluate_a_copy,
-                                evaluate_a_rebuilt_network])
-def test_evaluate_accepts(fn, capsys):
-    fn = solution("evaluate") if fn == "solution" else fn
-    accepts(check_evaluate, fn, capsys, timeout=EVAL_TIMEOUT)
-
-
-@pytest.mark.parametrize("fn, hint", [
+EVALUATE = [
+    (Solution("evaluate"), ACCEPTED),
+    (evaluate_keeping_the_mode, ACCEPTED),
+    (evaluate_a_copy, ACCEPTED),
+    (evaluate_a_rebuilt_network, ACCEPTED),
     (evaluate_through_the_wrapper, "started a broadcast of the BatchNorm buffers"),
     (evaluate_in_training_mode, "BatchNorm ran in training mode (1 of its 1 forwards)"),
     (evaluate_left_in_eval_mode, "on 2 ranks (rank 0 evaluating, the others waiting): after "
@@ -226,6 +227,10 @@ def test_evaluate_accepts(fn, capsys):
     (evaluate_a_fresh_network, "without running the model it was given"),
     (evaluate_a_copy_in_training_mode, "the accuracy with BatchNorm in training mode (the given "
                                        "model's BatchNorm ran 1 forward(s) in training mode)"),
-])
-def test_evaluate_rejects(fn, hint, capsys):
-    rejects(check_evaluate, fn, hint, capsys, timeout=EVAL_TIMEOUT)
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", cases(check_evaluate, EVALUATE))
+def test_the_evaluate_check_judges_the_answer(check, answer, hint, capsys):
+    """As above, with the longer limit of a check that trains a DDP model first."""
+    judged_slowly(check, answer, hint, capsys)
