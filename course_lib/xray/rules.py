@@ -25,6 +25,7 @@ Reason = Callable[[RunEvents], str]
 
 
 def _always(obs: RunEvents) -> str:
+    """The default reason: a run always gives this rule something to judge."""
     return ""
 
 
