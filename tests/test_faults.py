@@ -66,6 +66,7 @@ def test_sys_exit_zero_counts_as_success():
 
 
 def _hangs_on_rank_1():
+    dist.barrier()  # both ranks are up, so rank 0 is surely inside the all-reduce at the timeout
     if dist.get_rank() == 1:
         time.sleep(600)
     dist.all_reduce(torch.ones(1))
@@ -74,10 +75,10 @@ def _hangs_on_rank_1():
 def test_hang_ends_at_the_timeout_with_every_running_ranks_stack():
     start = time.monotonic()
     with pytest.raises(DistributedError) as info:
-        launch(_hangs_on_rank_1, 2, timeout=3, backend="gloo", echo=False)
-    assert time.monotonic() - start < 3 + 10  # a guard against hanging, not a speed target
+        launch(_hangs_on_rank_1, 2, timeout=5, backend="gloo", echo=False)
+    assert time.monotonic() - start < 5 + 10  # a guard against hanging, not a speed target
     err = info.value
-    assert err.timed_out and "Timed out after 3 s" in str(err)
+    assert err.timed_out and "Timed out after 5 s" in str(err)
     hung = err.failures[0]
     assert (hung.rank, hung.kind) == (1, "timeout")
     assert "_hangs_on_rank_1" in hung.stack and "time.sleep(600)" in hung.stack
