@@ -22,6 +22,7 @@ from course_lib.checks.common import (
     run_check,
     state_snapshot,
 )
+from course_lib.checks.lesson10.parting import time_limit_note, where_parted
 from course_lib.checks.result import CheckResult
 
 WORLD_SIZES = (2, 3)
@@ -113,28 +114,13 @@ def check_train_until_converged(fn: Callable, timeout: float = CHECK_TIMEOUT) ->
 def _hang_hint(rejected: Rejected) -> str | None:
     """Where the ranks parted, from the desync report of the failed launch."""
     failure = rejected.failure
-    report = getattr(failure.error, "desync", None) if failure else None
-    if report is None or report.first_difference is None:
+    parted = where_parted(getattr(failure.error, "desync", None) if failure else None)
+    if parted is None:
         return None
-    k = report.first_difference
-    doing = []
-    for trace in report.traces:
-        call = trace.at(k)
-        what = (f"in {call.op} ({call.where})" if call
-                else f"{trace.ended} after {trace.last} collectives")
-        doing.append(f"rank {trace.rank} {what}")
-    return (f"on {failure.world_size} ranks the ranks parted at collective #{k}: "
-            f"{'; '.join(doing)}. Some ranks left the loop while others trained on: each rank "
-            "decided on its own loss. Decide together: all-reduce the loss (divided by the "
-            "world size) before the `if`, so every rank takes the same branch."
-            + _time_limit_note(failure))
-
-
-def _time_limit_note(failure: Any) -> str:
-    """The details' time-limit line, without its 'root cause' line: in a hang every rank
-    times out, and the one the launcher lists first is a victim like the others."""
-    lines = failure.details().splitlines()[1:]
-    return "\n" + "\n".join(lines) if lines else ""
+    return (f"on {failure.world_size} ranks {parted} Some ranks left the loop while others "
+            "trained on: each rank decided on its own loss. Decide together: all-reduce the "
+            "loss (divided by the world size) before the `if`, so every rank takes the same "
+            "branch." + time_limit_note(failure))
 
 
 def _judge(n: int, results: list) -> None:

@@ -25,6 +25,7 @@ from course_lib.checks.common import (
     run_check,
     state_snapshot,
 )
+from course_lib.checks.lesson10.parting import time_limit_note, where_parted
 from course_lib.checks.result import CheckResult
 
 WORLD_SIZES = (2, 3)
@@ -179,27 +180,15 @@ def _failure_hint(rejected: Rejected) -> str | None:
                 "waited in all_reduce for a partner that never came, until the timeout. "
                 "Decide together: share whether this rank's loss is finite with a "
                 "collective, and skip on every rank when any rank's is not."
-                + _time_note(failure))
-    if report.first_difference is not None:
-        k = report.first_difference
-        doing = []
-        for trace in report.traces:
-            call = trace.at(k)
-            doing.append(f"rank {trace.rank} " + (f"in {call.op} ({call.where})" if call else
-                                                  f"{trace.ended} after {trace.last}"))
-        return (f"on {n} ranks the ranks parted at collective #{k}: {'; '.join(doing)}. Every "
-                "rank must issue the same collectives, in the same order, on every batch: "
-                "share the decision with a collective that every rank calls, then branch."
-                + _time_note(failure))
+                + time_limit_note(failure))
+    parted = where_parted(report)
+    if parted is not None:
+        return (f"on {n} ranks {parted} Every rank must issue the same collectives, in the "
+                "same order, on every batch: share the decision with a collective that every "
+                "rank calls, then branch." + time_limit_note(failure))
     return explain(failure) if failure.timed_out else None
 
 
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + listing(ranks)
 
-
-def _time_note(failure: Any) -> str:
-    """The details' time-limit line, without its 'root cause' line: in a hang every rank
-    times out, and the one the launcher lists first is a victim like the others."""
-    lines = failure.details().splitlines()[1:]
-    return "\n" + "\n".join(lines) if lines else ""
