@@ -14,7 +14,7 @@ class RunEvents:
 
     events: per rank, the probes' events in order (see record.note).
     error: the launch's DistributedError, or None when every rank returned.
-    desync: the error's desync report (launching.desync.DesyncReport) or None.
+    desync: the error's desync report (launching.desync_report.DesyncReport) or None.
     logs: per rank, everything it printed (stdout and stderr) as one text.
     """
 

@@ -1,6 +1,6 @@
 """Detector: ranks that issued different collectives (S1), and the rank-0-only evaluation
 through the DDP wrapper that leaves rank 0 alone in DDP's buffer broadcast (X3), from the
-failed run's desync report (launching/desync.py)."""
+failed run's desync report (launching/desync_report.py)."""
 
 from __future__ import annotations
 
