@@ -119,7 +119,7 @@ TRAIN_UNTIL_CONVERGED = [
     (own_loss, "each rank decided on its own loss"),
     (rank0_decides, "is where rank 0's own loss falls below it"),
     (summed_not_averaged, "divide by dist.get_world_size()"),
-    (largest_loss, "not ReduceOp.MAX"),
+    (largest_loss, "or ReduceOp.MAX, is not the mean"),
     (decides_after_the_step, "One step off"),
     (backprops_the_averaged_loss, "every rank stopped after 8 steps; the loss averaged over "
                                   "all ranks first falls below the target at step 12"),

@@ -206,7 +206,7 @@ CHECKPOINTERS = [
     (InPlace, "os.replace() it onto the real name"),  # a kill in the middle damages the file
     (NoBarrier, "End save() with dist.barrier()"),
     (WrapperKeys, "Save ddp_model.module.state_dict()"),
-    (EveryRankWrites, "all wrote checkpoint.pt"),
+    (EveryRankWrites, "wrote checkpoint.pt: concurrent writes"),
     (NoOptimizer, "momentum buffers"),
     (NoScheduler, "scheduler restarted"),
     (NoRng, "random state was not restored"),

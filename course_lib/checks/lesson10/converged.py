@@ -152,8 +152,9 @@ def _steps_hint(n: int, got: int, want: int) -> str:
                "over all ranks, not on one rank's loss."
     if got == named["sum"]:
         return (f"{base} {got} is where the sum, or the largest, of the ranks' losses falls "
-                "below it: decide on the mean. all_reduce with ReduceOp.SUM (the default) and "
-                "divide by dist.get_world_size(), not ReduceOp.MAX.")
+                "below it: decide on the mean: all_reduce with ReduceOp.SUM (the default), "
+                "then divide by dist.get_world_size(). A sum left undivided, or ReduceOp.MAX, "
+                "is not the mean.")
     if abs(got - want) == 1:
         return (f"{base} One step off: check the loss before loss.backward() and "
                 "optimizer.step(), and count only the steps you took.")

@@ -129,7 +129,8 @@ def _probe_hint(probes: str, n: int) -> str | None:
             writers.setdefault(path, []).append(rank)
     shared = next(((p, r) for p, r in writers.items() if len(r) > 1), None)
     if shared:
-        return (f"ranks {listing(shared[1])} all wrote {os.path.basename(shared[0])}: "
+        who = "both" if len(shared[1]) == 2 else "all"
+        return (f"ranks {listing(shared[1])} {who} wrote {os.path.basename(shared[0])}: "
                 "concurrent writes of one file race (one rank's write can cut another's "
                 "short, or a reader sees a mix) and multiply the I/O. Let rank 0 write (gather "
                 "the other ranks' random states to it) and the others wait at a barrier, or "
@@ -137,9 +138,9 @@ def _probe_hint(probes: str, n: int) -> str | None:
     for rank, f in enumerate(found):
         if f["error"] or f["step"] == 0:  # the file was not there, or not complete yet
             what = f"raised {f['error']}" if f["error"] else "found no checkpoint (step 0)"
-            return (f"when rank 0's write was slow, a load on rank {rank} right after save("
-                    f"{EVERY}, ...) returned {what}: save() returned before the file was "
-                    "written. End save() with dist.barrier() on every rank, so that no rank "
+            return (f"when rank 0's write was slow, rank {rank} loaded as soon as save("
+                    f"{EVERY}, ...) returned, and the load {what}: save() returned before the "
+                    "file was written. End save() with dist.barrier() on every rank, so that no rank "
                     "goes on before rank 0 has finished writing.")
     return None
 
