@@ -585,3 +585,19 @@ def test_a_finding_from_a_notebook_cell_names_the_cell_and_line(monkeypatch):
     report = xray(namespace["every_rank_all_data"], world_size=2, timeout=60)
     assert report.ids == ["P03"], str(report)
     assert report.findings[0].where == "Cell In[7], line 5"
+
+
+def test_a_finding_in_a_module_of_the_script_names_that_module(tmp_path, capsys,
+                                                               monkeypatch) -> None:
+    """A multi-file script (a trainer module beside main.py, as pytorch/examples' minGPT-ddp
+    is): the where line names the file the collective came from, not main.py."""
+    case = (CASES / "bad_X3_rank0_eval_through_ddp.py").read_text()
+    (tmp_path / "trainer.py").write_text(case.replace('if __name__ == "__main__":\n    main()',
+                                                      ""))
+    (tmp_path / "main.py").write_text("from trainer import main\n\nmain()\n")
+    monkeypatch.chdir(tmp_path)
+    status = cli.main(["--json", "--timeout", "60", "main.py"])
+    report = json.loads(capsys.readouterr().out)
+    assert status == 1 and [f["id"] for f in report["findings"]] == ["X3"], report
+    line = next(n for n, text in enumerate(case.splitlines(), 1) if "val = " in text)
+    assert report["findings"][0]["where"] == f"trainer.py:{line}", report

@@ -32,6 +32,7 @@ class Call:
     sizes: tuple[tuple[int, ...], ...]
     where: str
     completed: bool
+    file: str = ""  # the file of the frame `where` names ("" when it is inside torch)
 
     @property
     def label(self) -> str:
@@ -99,7 +100,8 @@ def calls_from(dump: dict) -> list[Call]:
                  op=e["profiling_name"].split(":", 1)[-1],
                  sizes=tuple(tuple(s) for s in e.get("input_sizes", [])),
                  where=_where(e.get("frames", [])),
-                 completed=bool(e.get("retired")))
+                 completed=bool(e.get("retired")),
+                 file=(_own_frame(e.get("frames", [])) or {}).get("filename", ""))
             for e in entries if e["collective_seq_id"] - offset > 0]
 
 
@@ -118,11 +120,16 @@ _DDP_PARTS = [("_sync_buffers", "DDP's buffer broadcast"),
               ("__init__", "DDP's constructor"), ("backward", "backward")]
 
 
+def _own_frame(frames: list[dict]) -> dict | None:
+    """The innermost frame of the learner's code: not torch's, the launcher's or the x-ray's."""
+    return next((f for f in frames if _TORCH not in f["filename"]
+                 and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
+
+
 def _where(frames: list[dict]) -> str:
     """Where a collective came from: the learner's innermost frame, and what DDP (or
     autograd) was doing when the learner did not call it directly."""
-    own = next((f for f in frames if _TORCH not in f["filename"]
-                and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
+    own = _own_frame(frames)
     names = {f["name"] for f in (frames[:frames.index(own)] if own else frames)}
     text = f"{own['name']}, line {own['line']}" if own else "inside torch"
     part = next((label for name, label in _DDP_PARTS if name in names), None)

@@ -61,6 +61,7 @@ class Pass(Event):
     done: bool  # the loop ran to the loader's end
     base: str  # the base dataset's class, under any Subsets
     end: NotRequired[float]  # when the last batch came (absent: no batch came)
+    stopped: NotRequired[float]  # when the loop asked past the last batch (with done)
 
 
 class Sampler(Event, SamplerSettings):

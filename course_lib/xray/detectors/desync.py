@@ -4,9 +4,10 @@ failed run's desync report (launching/desync_report.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 
-from course_lib.launching.desync_report import DesyncReport, first_difference
+from course_lib.launching.desync_report import Call, DesyncReport, first_difference
 from course_lib.launching.errors import is_collective_error
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
@@ -53,7 +54,7 @@ def _desync(obs: RunEvents) -> Finding | None:
                                                     or c.where != calls[in_forward[0]].where)
                         ] if in_forward else []
     if in_forward and others_elsewhere and _evaluating(obs, in_forward[0]):
-        return finding("X3", report.summary, _where(obs, calls[in_forward[0]].where))
+        return finding("X3", report.summary, _where(obs, calls[in_forward[0]]))
     stuck = [t for t in report.traces if t.dumped and not t.at(seq)
              and t.ended == "still running" and not t.inside]
     absent = [t for t in report.traces if t.dumped and not t.at(seq)]
@@ -105,7 +106,7 @@ def _evaluating(obs: RunEvents, rank: int) -> bool:
     return bool(syncs) and not (syncs[-1]["grad"] and syncs[-1]["training"])
 
 
-def _branch(report: DesyncReport) -> str:
+def _branch(report: DesyncReport) -> Call | None:
     """Where the ranks' paths part: the first collective issued from a line that no other
     rank issued any collective from (else the first difference's first call)."""
     traces = [t for t in report.traces if t.dumped]
@@ -115,10 +116,9 @@ def _branch(report: DesyncReport) -> str:
             call = t.at(seq)
             others = {c.where for o in traces if o is not t for c in o.calls}
             if call and call.where not in others:
-                return call.where
-    call = next((t.at(report.first_difference) for t in traces
+                return call
+    return next((t.at(report.first_difference) for t in traces
                  if t.at(report.first_difference)), None)
-    return call.where if call else ""
 
 
 def _crashed(obs: RunEvents) -> bool:
@@ -130,9 +130,16 @@ def _crashed(obs: RunEvents) -> bool:
         and failures[0].rank not in mismatch  # gloo's size check: a desync, not a crash
 
 
-def _where(obs: RunEvents, where: str) -> str:
-    """'train.py:40' from the report's 'main, line 40 (...)' and the script's file."""
-    match = _LINE.match(where)
+def _where(obs: RunEvents, call: Call | None) -> str:
+    """'trainer.py:40' from the call's 'main, line 40 (...)' and its frame's file: the
+    script's own, or a module of the script's folder (a multi-file script)."""
+    match = _LINE.match(call.where) if call else None
     if not match:
         return ""
-    return f"{obs.source}:{match['line']}" if obs.source else f"{match['fn']}, line {match['line']}"
+    if not obs.source:
+        return f"{match['fn']}, line {match['line']}"
+    shown = obs.source
+    if call.file and os.path.isfile(call.file) \
+            and os.path.realpath(call.file) != os.path.realpath(obs.source):
+        shown = os.path.relpath(call.file)
+    return f"{shown}:{match['line']}"

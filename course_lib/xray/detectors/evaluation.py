@@ -90,7 +90,8 @@ def _x2(obs: RunEvents) -> Finding | None:
         for rank in sorted(group):
             p = group[rank]
             end = _window_end(obs, p)
-            prints = [e for r, e in obs.of("print") if r == rank and p["end"] < e["t"] < end
+            left = p.get("stopped", p["end"])  # a print in the loop body is per batch
+            prints = [e for r, e in obs.of("print") if r == rank and left < e["t"] < end
                       and _METRIC.search(e["text"])]
             if not prints or _combined_after(obs, rank, p["t"], prints[0]["t"]):
                 continue

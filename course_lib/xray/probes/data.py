@@ -168,6 +168,7 @@ def _next(real: Any) -> Any:
         except StopIteration:
             if current is not None:
                 current["done"] = True
+                current["stopped"] = time.monotonic()
             raise
         if current is not None:
             with record.guard():
