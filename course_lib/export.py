@@ -128,11 +128,12 @@ def main():
     rank = int(os.environ["RANK"])  # this process among all of them, 0 .. WORLD_SIZE - 1
     world_size = int(os.environ["WORLD_SIZE"])
     backend = pick_backend(int(os.environ["LOCAL_RANK"]))
-    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" \\
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" \\
             and os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0":
-        print("torchrun keeps one store across restarts, and a restarted worker may read "
-              "the dead workers' keys: start torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
-              " (lesson 14)", flush=True)
+        sys.exit("--max-restarts with torchrun's shared store: a restarted worker may read "
+                 "the dead workers' keys and hang or fail (lesson 14). Start torchrun with "
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, e.g. TORCH_DISABLE_SHARE_RDZV_TCP_"
+                 "STORE=1 torchrun ... " + sys.argv[0])
     # MASTER_ADDR and MASTER_PORT (also set by torchrun) say where the store is.
     dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
