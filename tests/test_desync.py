@@ -134,7 +134,7 @@ def test_without_the_recorder_the_error_still_names_the_rank_that_returned():
 # -- the report itself ------------------------------------------------------------------------
 
 def _calls(*labels: str) -> list[Call]:
-    return [Call(i + 1, op, ((int(n),),), f"f, line {10 + i}", True)
+    return [Call(i + 1, op, ((int(n),),), f"f, line {10 + i}", "f.py", True)
             for i, (op, n) in enumerate(label.split() for label in labels)]
 
 
@@ -151,6 +151,13 @@ def test_a_rank_without_a_dump_is_named_and_left_out_of_the_comparison():
     report = build(traces)
     assert report.missing == [1] and "Rank(s) 1 left no flight-recorder dump" in report.summary
     assert "? (no dump)" in report.table()
+    assert "Rank 0 issued 1 collective(s)." in report.summary  # one rank: not "the same"
+
+
+def test_ranks_that_all_raised_are_not_sent_to_their_stacks():
+    traces = [RankTrace(r, _calls("all_reduce 3"), "raised ValueError") for r in range(2)]
+    report = build(traces)
+    assert "no desync" in report.summary and "stuck outside" not in report.summary
 
 
 def test_the_table_marks_the_first_difference_and_the_collective_each_rank_was_in():

@@ -31,8 +31,8 @@ class Call:
     op: str
     sizes: tuple[tuple[int, ...], ...]
     where: str
+    file: str  # the file of the frame `where` names ("" when it is inside torch)
     completed: bool
-    file: str = ""  # the file of the frame `where` names ("" when it is inside torch)
 
     @property
     def label(self) -> str:
@@ -96,12 +96,9 @@ def calls_from(dump: dict) -> list[Call]:
                if _group(e) == "default_pg" and not e.get("is_p2p")]
     offset = 1 if any(e["collective_seq_id"] == 1 and _is_launch_barrier(e)
                       for e in entries) else 0
-    return [Call(seq=e["collective_seq_id"] - offset,
-                 op=e["profiling_name"].split(":", 1)[-1],
-                 sizes=tuple(tuple(s) for s in e.get("input_sizes", [])),
-                 where=_where(e.get("frames", [])),
-                 completed=bool(e.get("retired")),
-                 file=(_own_frame(e.get("frames", [])) or {}).get("filename", ""))
+    return [Call(e["collective_seq_id"] - offset, e["profiling_name"].split(":", 1)[-1],
+                 tuple(tuple(s) for s in e.get("input_sizes", [])),
+                 *_where(e.get("frames", [])), completed=bool(e.get("retired")))
             for e in entries if e["collective_seq_id"] - offset > 0]
 
 
@@ -120,20 +117,15 @@ _DDP_PARTS = [("_sync_buffers", "DDP's buffer broadcast"),
               ("__init__", "DDP's constructor"), ("backward", "backward")]
 
 
-def _own_frame(frames: list[dict]) -> dict | None:
-    """The innermost frame of the learner's code: not torch's, the launcher's or the x-ray's."""
-    return next((f for f in frames if _TORCH not in f["filename"]
-                 and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
-
-
-def _where(frames: list[dict]) -> str:
+def _where(frames: list[dict]) -> tuple[str, str]:
     """Where a collective came from: the learner's innermost frame, and what DDP (or
-    autograd) was doing when the learner did not call it directly."""
-    own = _own_frame(frames)
+    autograd) was doing when the learner did not call it directly; and that frame's file."""
+    own = next((f for f in frames if _TORCH not in f["filename"]
+                and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
     names = {f["name"] for f in (frames[:frames.index(own)] if own else frames)}
     text = f"{own['name']}, line {own['line']}" if own else "inside torch"
     part = next((label for name, label in _DDP_PARTS if name in names), None)
-    return f"{text} ({part})" if part else text
+    return (f"{text} ({part})" if part else text), (own["filename"] if own else "")
 
 
 # -- lining them up --------------------------------------------------------------------------
@@ -179,6 +171,14 @@ def first_difference(traces: list[RankTrace], key=lambda c: (c.op, c.sizes)) -> 
     return None
 
 
+def _issued(dumped: list[RankTrace], n: int) -> str:
+    """What the ranks that left a dump issued (one rank: no 'the same')."""
+    if len(dumped) == 1:
+        return f"Rank {dumped[0].rank} issued {dumped[0].last} collective(s)."
+    return (f"Ranks {_ranks([t.rank for t in dumped])} issued the same {n} collective(s) "
+            "in the same order.")
+
+
 def _summary(traces: list[RankTrace], diff: int | None, missing: list[int],
              unsure: bool = False) -> str:
     """The comparison in one or two sentences. "No desync" only when every rank left a
@@ -196,14 +196,13 @@ def _summary(traces: list[RankTrace], diff: int | None, missing: list[int],
         if missing:
             return (f"Rank(s) {_ranks(missing)} left no flight-recorder dump (a rank killed "
                     "by a signal takes its recorder with it), so what they issued is unknown: "
-                    f"this is not shown to be free of a desync. Rank(s) "
-                    f"{_ranks([t.rank for t in dumped])} issued the same {n} collective(s) "
-                    "in the same order.")
+                    f"this is not shown to be free of a desync. {_issued(dumped, n)}")
         if unsure:
             return f"The recorded collectives agree (each rank issued the same {n})."
+        raised = all(t.ended.startswith("raised") for t in dumped)
+        stuck = "" if raised else "; a rank stuck outside any collective shows in its stack"
         return (f"The ranks' collectives agree (each issued the same {n} in the same order), "
-                f"so this is no desync; a rank stuck outside any collective shows in its "
-                f"stack.{gap}")
+                f"so this is no desync{stuck}.{gap}")
     present = [t for t in dumped if t.at(diff)]
     absent = [t for t in dumped if not t.at(diff)]
     text = f"First difference at collective #{diff}: "

@@ -140,8 +140,8 @@ def _probe_hint(probes: str, n: int) -> str | None:
             what = f"raised {f['error']}" if f["error"] else "found no checkpoint (step 0)"
             return (f"when rank 0's write was slow, rank {rank} loaded as soon as save("
                     f"{EVERY}, ...) returned, and the load {what}: save() returned before the "
-                    "file was written. End save() with dist.barrier() on every rank, so that no rank "
-                    "goes on before rank 0 has finished writing.")
+                    "file was written. End save() with dist.barrier() on every rank, so that "
+                    "no rank goes on before rank 0 has finished writing.")
     return None
 
 
