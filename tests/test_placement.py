@@ -10,7 +10,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import launch
-from course_lib.teach import placement
+from course_lib.teach import placement, placement_views
 
 
 def as_rank(monkeypatch, rank, local_rank=None, node=0):
@@ -132,7 +132,7 @@ def test_device_map_draws_a_bar_per_gpu(monkeypatch):
     for rank in range(4):
         as_rank(monkeypatch, rank)
         snaps.append(placement.snapshot(device="cuda:0"))
-    fig = placement.device_map(placement.diagnose(snaps), gpus=4)
+    fig = placement_views.device_map(placement.diagnose(snaps), gpus=4)
     assert isinstance(fig, Figure)
     bars = fig.axes[0].patches
     assert [b.get_height() for b in bars] == [4, 0, 0, 0]
@@ -143,7 +143,7 @@ def test_device_map_draws_a_bar_per_gpu(monkeypatch):
 def test_device_map_needs_a_gpu(monkeypatch):
     as_rank(monkeypatch, 0)
     with pytest.raises(ValueError, match="no rank uses a GPU"):
-        placement.device_map(placement.diagnose([placement.snapshot(device="cpu")]))
+        placement_views.device_map(placement.diagnose([placement.snapshot(device="cpu")]))
 
 
 def test_machines_map_draws_every_machine_and_crosses_gpus_it_lacks(monkeypatch):
@@ -151,7 +151,7 @@ def test_machines_map_draws_every_machine_and_crosses_gpus_it_lacks(monkeypatch)
     for rank in range(4):  # cuda:RANK on 2 machines x 2 GPUs
         as_rank(monkeypatch, rank, local_rank=rank % 2, node=rank // 2)
         snaps.append(placement.snapshot(device=f"cuda:{rank}"))
-    fig = placement.machines_map(placement.diagnose(snaps), gpus=2)
+    fig = placement_views.machines_map(placement.diagnose(snaps), gpus=2)
     assert [ax.get_title() for ax in fig.axes] == ["machine 0 (2 GPUs)", "machine 1 (2 GPUs)"]
     assert [b.get_height() for b in fig.axes[1].patches] == [0, 0, 1, 1]
     labels = [t.get_text() for t in fig.axes[1].texts]
@@ -166,7 +166,7 @@ def test_device_explorer_runs_each_setting_once(monkeypatch):
         as_rank(monkeypatch, 0)
         return placement.diagnose([placement.snapshot(device=rule)])
 
-    box = placement.device_explorer(run, rules=["cuda:0", "cuda:1"])
+    box = placement_views.device_explorer(run, rules=["cuda:0", "cuda:1"])
     rule = box.children[0].children[0]
     rule.value = "cuda:0"
     rule.value = "cuda:1"
