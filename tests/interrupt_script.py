@@ -1,6 +1,7 @@
 """Run by test_interrupt.py as a separate process: launches that the test interrupts."""
 
 import os
+import signal
 import sys
 import time
 
@@ -30,4 +31,7 @@ def main(folder, rounds):
 
 
 if __name__ == "__main__":
+    # Interrupts raise KeyboardInterrupt, as in a kernel, even when this was started with
+    # SIGINT ignored (a CI run started as a background job: Python keeps SIG_IGN then).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     main(sys.argv[1], int(sys.argv[2]))
