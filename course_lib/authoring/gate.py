@@ -69,13 +69,33 @@ def unexpected_errors(nb: Any) -> list[str]:
     return found
 
 
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def output_widgets_written(nb: Any) -> list[str]:
+    """Output widgets that received output while the notebook ran. In a headless run
+    (nbclient) each such output can leave the cell waiting for its timeout, 300 s under
+    nbmake; course_lib.plots.explore.redrawn_below says why and how to avoid it."""
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    written = [model_id for model_id, model in state.items()
+               if model.get("model_name") == "OutputModel"
+               and model.get("state", {}).get("outputs")]
+    if not written:
+        return []
+    return [f"{len(written)} Output widget(s) received output while the notebook ran "
+            "(a headless run can stall there until the cell's timeout): display the first "
+            "view as plain output and draw into the widget only when a control changes "
+            "(course_lib.plots.explore.redrawn_below)"]
+
+
 def check_executed(path: str, nb: Any, problems: list[str] | None = None) -> NotebookReport:
-    """Judge an executed notebook: metadata, unexpected errors, pitfall and exercise cells."""
+    """Judge an executed notebook: metadata, unexpected errors, Output widgets written while
+    it ran, pitfall and exercise cells."""
     cells, meta_problems = read_cells(nb)
     verdicts = [judge(c, nb.cells[c.number - 1]) for c in cells] + judge_exercise_cells(nb)
     verdicts.sort(key=lambda v: v.number)
     return NotebookReport(path, verdicts, [*(problems or []), *meta_problems,
-                                           *unexpected_errors(nb)])
+                                           *unexpected_errors(nb), *output_widgets_written(nb)])
 
 
 def execute(path: Path, timeout: int) -> tuple[Any, list[str]]:

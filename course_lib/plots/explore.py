@@ -1,7 +1,8 @@
 """Widgets to explore a run: a step slider and rank toggles that redraw a plot.
 
 Each explorer first displays the static figure (what nbmake and static viewers keep), then
-returns the controls; moving them draws the chosen view below.
+returns the controls; moving them draws the chosen view below. Nothing is drawn into a widget
+while the cell runs (see `redrawn_below`).
 """
 
 from __future__ import annotations
@@ -52,14 +53,32 @@ def explorer(draw: Callable[..., Figure], ranks: list[int],
              **controls: widgets.ValueWidget) -> widgets.Widget:
     """Controls plus one toggle per rank; every change calls draw(**values, ranks=[...])."""
     toggles = [widgets.ToggleButton(value=True, description=f"rank {r}") for r in ranks]
+
+    def draw_shown() -> Figure:
+        shown = [r for r, toggle in zip(ranks, toggles) if toggle.value]
+        return draw(ranks=shown, **{k: w.value for k, w in controls.items()})
+
+    out = redrawn_below(draw_shown, *controls.values(), *toggles)
+    return widgets.VBox([widgets.HBox(list(controls.values())), widgets.HBox(toggles), out])
+
+
+def redrawn_below(draw: Callable[[], object], *controls: widgets.ValueWidget) -> widgets.Output:
+    """An Output area that shows draw() anew whenever one of `controls` changes, and nothing
+    before: the caller displays the first view as plain output.
+
+    Never draw into an Output widget while its cell runs. A headless run (nbclient, under
+    nbmake, papermill or the GPU check) answers each output captured there with a message on
+    the kernel's shell channel, sent past pyzmq's asyncio wake-up (jupyter_client's
+    Session.send on a synchronous shadow socket); a cell reply that lands meanwhile is then
+    read only when the cell's timeout runs out, 300 s later under nbmake (docs/facts.md).
+    """
     out = widgets.Output()
 
     def redraw(_: object = None) -> None:
-        shown = [r for r, toggle in zip(ranks, toggles) if toggle.value]
         with out:
             out.clear_output(wait=True)
-            display(draw(ranks=shown, **{k: w.value for k, w in controls.items()}))
+            display(draw())
 
-    for widget in [*controls.values(), *toggles]:
-        widget.observe(redraw, "value")
-    return widgets.VBox([widgets.HBox(list(controls.values())), widgets.HBox(toggles), out])
+    for control in controls:
+        control.observe(redraw, "value")
+    return out

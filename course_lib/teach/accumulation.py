@@ -181,19 +181,17 @@ def accumulation_explorer(grid: dict[tuple[str, int, float], dict[str, float]]):
     import ipywidgets as widgets
     from IPython.display import display
 
+    from course_lib.plots.explore import redrawn_below
+
     modes, ks, links = _grid_axes(grid)
     display(plot_accumulation_grid(grid))
     k_slider = widgets.SelectionSlider(options=ks, value=ks[len(ks) // 2], description="k")
     link_slider = widgets.SelectionSlider(options=links, value=links[0],
                                           description="Gbit/s")
-    out = widgets.Output()
 
-    def redraw(_: object = None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(plot_grid_point(grid, k_slider.value, link_slider.value))
+    def draw():
+        return plot_grid_point(grid, k_slider.value, link_slider.value)
 
-    k_slider.observe(redraw, "value")
-    link_slider.observe(redraw, "value")
-    redraw()
+    display(draw())
+    out = redrawn_below(draw, k_slider, link_slider)
     return widgets.VBox([widgets.HBox([k_slider, link_slider]), out])

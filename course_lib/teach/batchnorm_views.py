@@ -16,6 +16,7 @@ from IPython.display import display
 from matplotlib.figure import Figure
 from torch import nn
 
+from course_lib.plots.explore import redrawn_below
 from course_lib.plots.style import BLACK, new_figure, rank_bar_style, rank_style
 from course_lib.teach.sync_batchnorm import plot_normalisation
 
@@ -90,14 +91,10 @@ def batch_size_explorer(by_size: Mapping[int, Sequence[Sequence[Share]]]) -> wid
     sizes = sorted(by_size)
     slider = widgets.SelectionSlider(options=sizes, value=sizes[0],
                                      description="per rank", continuous_update=False)
-    out = widgets.Output()
 
-    def redraw(_: object = None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(plot_normalisation(by_size[slider.value][0],
-                                       f"{slider.value} samples per rank, plain BatchNorm"))
+    def draw() -> Figure:
+        return plot_normalisation(by_size[slider.value][0],
+                                  f"{slider.value} samples per rank, plain BatchNorm")
 
-    slider.observe(redraw, "value")
-    redraw()
-    return widgets.VBox([slider, out])
+    display(draw())
+    return widgets.VBox([slider, redrawn_below(draw, slider)])

@@ -114,20 +114,16 @@ def speedup_explorer(nbytes: int, calls: dict[str, int], measured_s: float,
     import ipywidgets as widgets
     from IPython.display import display
 
+    from course_lib.plots.explore import redrawn_below
     from course_lib.teach.scaling_model import PRESETS
 
     links = widgets.Dropdown(options=list(PRESETS), value=link, description="link")
     world = widgets.SelectionSlider(options=[2, 4, 8, 16, 32, 64], value=8,
                                     description="world size")
-    out = widgets.Output()
 
-    def redraw(_: object = None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(plot_speedup(nbytes, PRESETS[links.value], calls, measured_s,
-                                 world_size=world.value))
+    def draw():
+        return plot_speedup(nbytes, PRESETS[links.value], calls, measured_s,
+                            world_size=world.value)
 
-    for control in (links, world):
-        control.observe(redraw, "value")
-    redraw()
-    return widgets.VBox([widgets.HBox([links, world]), out])
+    display(draw())
+    return widgets.VBox([widgets.HBox([links, world]), redrawn_below(draw, links, world)])

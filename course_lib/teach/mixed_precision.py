@@ -245,18 +245,16 @@ def underflow_explorer(grid: dict[float, dict[str, torch.Tensor]]):
     import ipywidgets as widgets
     from IPython.display import display
 
+    from course_lib.plots.explore import redrawn_below
+
     display(plot_underflow(grid))
     weights = sorted(grid)
     slider = widgets.SelectionSlider(options=[(f"{w:.0e}", w) for w in weights],
                                      value=weights[len(weights) // 2], description="loss weight")
-    out = widgets.Output()
 
-    def redraw(_: object = None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(plot_grad_histograms({name: [g] for name, g in grid[slider.value].items()
-                                          if name != "bf16, no scaler"}))
+    def draw():
+        return plot_grad_histograms({name: [g] for name, g in grid[slider.value].items()
+                                     if name != "bf16, no scaler"})
 
-    slider.observe(redraw, "value")
-    redraw()
-    return widgets.VBox([slider, out])
+    display(draw())
+    return widgets.VBox([slider, redrawn_below(draw, slider)])
