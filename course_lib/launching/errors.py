@@ -8,8 +8,9 @@ import os
 import re
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Any
 
+from course_lib.launching.desync_report import DesyncReport
+from course_lib.launching.headline import render
 from course_lib.launching.run import Run
 
 # Errors that are a consequence of another rank failing, not a cause.
@@ -71,7 +72,7 @@ class DistributedError(RuntimeError):
     None when the flight recorder was off)."""
 
     def __init__(self, headline: str, failures: list[RankFailure], timed_out: bool = False,
-                 desync: Any = None, run: Run | None = None):
+                 desync: DesyncReport | None = None, run: Run | None = None):
         self.failures = root_cause_first(failures)
         self.timed_out = timed_out
         self.headline = headline
@@ -83,6 +84,10 @@ class DistributedError(RuntimeError):
     def ranks(self) -> list[int]:
         """The ranks that failed, root cause first."""
         return [f.rank for f in self.failures]
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows: the headline first, the launcher's frames left out."""
+        return render(self)
 
 
 def root_cause_first(failures: list[RankFailure]) -> list[RankFailure]:
@@ -107,13 +112,13 @@ def advice(failures: list[RankFailure]) -> str:
     return ""
 
 
-def format_report(headline: str, failures: list[RankFailure], desync: Any = None) -> str:
-    parts = [headline] if desync is None else [headline, desync.table()]
-    if advice(failures):
-        parts.insert(1, advice(failures))
-    for failure in failures:
-        parts.append(_format_failure(failure))
-    return "\n\n".join(parts)
+def format_report(headline: str, failures: list[RankFailure],
+                  desync: DesyncReport | None = None) -> str:
+    """The error's text, read from the top: the headline, a known fix, the root cause's
+    traceback, the ranks' collectives side by side, then every other failing rank."""
+    first, *others = [_format_failure(f) for f in failures] or [""]
+    parts = [headline, advice(failures), first, desync.table() if desync else "", *others]
+    return "\n\n".join(p for p in parts if p)
 
 
 def _format_failure(f: RankFailure) -> str:
@@ -129,62 +134,10 @@ def _format_failure(f: RankFailure) -> str:
     return "\n".join(lines)
 
 
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.*)$')
-_STDLIB = sysconfig.get_paths()["stdlib"]
-# gloo's own check (gloo/transport/tcp/pair.cc): "op.preamble.length <= op.nbytes. 64 vs 60.
-# Received data size doesn't match expected size. Is there a distributed collective mismatch
-# in your code?"; the receiving rank aborts (SIGABRT) with it on stderr.
-GLOO_MISMATCH = re.compile(r"Received data size doesn't match|collective mismatch")
-_BYTES = re.compile(r"(\d+) vs (\d+)\. Received data size")
-
-
-def _nccl_note(backend: str) -> str:
-    if backend != "nccl":
-        return ""
-    return ("This report does not cover NCCL yet: it reads the flight recorder through "
-            "torch._C._distributed_c10d._dump_fr_trace, run here with gloo only; NCCL keeps "
-            "its own (dump_nccl_trace) which is not read (not run on a GPU). Go by the "
-            "errors and stacks below.")
-
-
-def raised_outside(traces: list[Any]) -> str:
-    """The root cause when a rank raised an exception of its own, not inside a collective."""
-    raised = [t for t in traces if t.ended.startswith("raised") and not t.inside]
-    if not raised:
-        return ""
-    said = "; ".join(f"rank {t.rank} {t.ended} outside any collective ("
-                     + (f"after its {_nth(t.last)} collective)" if t.last else
-                        "before any collective)") for t in raised)
-    return (f"{said}: that exception is the cause (its traceback is below); the table only "
-            "shows where the other ranks were waiting for it.")
-
-
-def _mismatch_text(traces: list[Any], ranks: list[int]) -> str:
-    if not ranks:
-        return ""
-    sizes = _BYTES.search(next(t.text for t in traces if t.rank == ranks[0]))
-    got = f" (it received {sizes[1]} bytes where it expected {sizes[2]})" if sizes else ""
-    names = ", ".join(map(str, sorted(ranks)))
-    return (f"Desync: gloo's own check failed on rank(s) {names}, \"Received data "
-            f"size doesn't match expected size ... collective mismatch\"{got}: the ranks "
-            "issued collectives of different sizes or kinds at the same point.")
-
-
-
-
-def leading_notes(traces: list[Any], mismatch: list[int], backend: str) -> list[str]:
-    """What a desync report says before comparing the ranks' collectives: that NCCL is not
-    covered, a rank's own exception (the cause), gloo's mismatch check (a desync)."""
-    return [_nccl_note(backend), raised_outside(traces), _mismatch_text(traces, mismatch)]
-
-
-def _nth(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
 # -- stacks ------------------------------------------------------------------------------------
 
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<name>.*)$')
+_STDLIB = sysconfig.get_paths()["stdlib"]
 _PLUMBING = (os.path.dirname(multiprocessing.__file__), "<string>")
 
 

@@ -20,8 +20,8 @@ from multiprocessing import context, popen_forkserver, spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from course_lib.launching import flight
 from course_lib.launching.rank_main import WorkerSpec, run_worker
+from course_lib.launching.rank_record import STOP_SIGNAL
 
 # What the forkserver imports once, so that no rank imports it again. The rank's own code,
 # then what a first training step would import lazily: DDP's constructor and every optimizer
@@ -206,14 +206,13 @@ def reap(worker: Worker, timeout: float = 3.0) -> None:
 
 
 def dump_stacks(workers: list[Worker], wait: float = 1.0) -> None:
-    """Ask running ranks for their Python stacks (faulthandler on SIGUSR1) and their
-    flight recorders (SIGUSR2, where it is on), and keep the stacks."""
+    """Ask running ranks for their Python stacks (faulthandler on SIGUSR1) and their last
+    words and flight recorders (STOP_SIGNAL, rank_record.py), and keep the stacks."""
     sizes, stamps = {}, {}
     for w in workers:
         sizes[w.rank] = _size(w.spec.stack_path)
-        stamps[w.rank] = _stamp(w.spec.flight_path)
-        signals = [signal.SIGUSR1] + ([flight.DUMP_SIGNAL] if w.spec.flight_path else [])
-        for sig in signals:
+        stamps[w.rank] = _stamps(w.spec)
+        for sig in (signal.SIGUSR1, STOP_SIGNAL):
             try:
                 os.kill(w.process.pid, sig)
             except ProcessLookupError:
@@ -221,8 +220,8 @@ def dump_stacks(workers: list[Worker], wait: float = 1.0) -> None:
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        if all(_size(w.spec.stack_path) > sizes[w.rank] and (
-                not w.spec.flight_path or _stamp(w.spec.flight_path) != stamps[w.rank])
+        if all(_size(w.spec.stack_path) > sizes[w.rank] and _all_new(_stamps(w.spec),
+                                                                     stamps[w.rank])
                for w in workers):
             time.sleep(0.05)  # let the last thread's lines land
             break
@@ -233,6 +232,15 @@ def dump_stacks(workers: list[Worker], wait: float = 1.0) -> None:
                 w.stack = f.read()
         except FileNotFoundError:  # stopped before its Python code began
             w.stack = "(no stack: the rank was still starting up)"
+
+
+def _stamps(spec: WorkerSpec) -> list[tuple[int, int] | None]:
+    """The stamps of the files a stopped rank rewrites: last words, and the flight dump."""
+    return [_stamp(p) for p in (spec.extras_path, spec.flight_path) if p]
+
+
+def _all_new(now: list[tuple[int, int] | None], before: list[tuple[int, int] | None]) -> bool:
+    return all(a != b for a, b in zip(now, before))
 
 
 def _stamp(path: str) -> tuple[int, int] | None:

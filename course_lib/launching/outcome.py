@@ -8,10 +8,11 @@ their Worker handles once they are all gone, so that building the report needs n
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import cloudpickle
 
-from course_lib.launching import desync_report
+from course_lib.launching import desync_report, rank_record
 from course_lib.launching.cells import name_cells
 from course_lib.launching.errors import (
     DistributedError,
@@ -37,10 +38,11 @@ def outcome(workers: list[Worker], logs: list[LogLine], wall_time: float, timeou
     run = Run(world_size=spec.world_size, backend=spec.backend, logs=logs, wall_time=wall_time)
     failures = [f for f in (_failure(w, timeout) for w in workers) if f]
     for w in workers:
-        value, extras = w.result or (None, (w.error or {}).get("extras")
-                                     or _last_words(w.spec.extras_path))
-        run.results.append(cloudpickle.loads(value) if value and not failures else None)
-        run.extras.append(cloudpickle.loads(extras) if extras else {})
+        value, sent = w.result or (None, (w.error or {}).get("extras"))
+        returned, result = _result(w.rank, value, failed=bool(failures))
+        run.results.append(result)
+        run.returned += [w.rank] if returned else []
+        run.extras.append(rank_record.read(w.rank, sent, w.spec.extras_path))
         run.timings.append(w.timings)
     if failures:
         raise DistributedError(_headline(workers, failures, timeout), failures, timed_out,
@@ -145,13 +147,19 @@ def _exit_failure(exitcode: int | None, common: dict) -> RankFailure:
                        error_type="exit", message=f"exit code {exitcode}", **common)
 
 
-def _last_words(path: str) -> bytes | None:
-    """The collectors' data a stopped rank wrote when asked for its flight recorder."""
+def _result(rank: int, value: bytes | None, failed: bool) -> tuple[bool, Any]:
+    """(whether the rank returned, its return value or None). In a failed launch a value
+    that cannot be read back here is a warning, not a second error."""
+    if not value:
+        return False, None
+    if not failed:
+        return True, cloudpickle.loads(value)
     try:
-        with open(path, "rb") as f:
-            return f.read() or None
-    except OSError:
-        return None
+        return True, cloudpickle.loads(value)
+    except Exception as exc:  # noqa: BLE001 - the launch's error matters more: warn, go on
+        rank_record.warn(f"rank {rank}'s return value could not be read back "
+                         f"({type(exc).__name__}: {exc}); run.results[{rank}] is None.")
+        return False, None
 
 
 def _traceback_text(error: dict) -> str:

@@ -25,8 +25,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from course_lib.collectors import collect_all
-from course_lib.launching import flight, own_init
+from course_lib.launching import flight, own_init, rank_record
 from course_lib.launching.payload import dumps
 
 LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -44,7 +43,7 @@ class WorkerSpec:
     store_path: str
     stack_path: str
     flight_path: str = ""  # where the flight recorder is dumped; "" when it is off
-    extras_path: str = ""  # where a stopped rank writes its collectors' data (last words)
+    extras_path: str = ""  # its collectors' last words, and its journal beside (rank_record)
 
 
 def run_worker(
@@ -60,8 +59,8 @@ def run_worker(
     os.setpgrp()  # own process group: the kernel kills us with our DataLoader children
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts
     _redirect_output(stdout_w, stderr_w)
-    if spec.flight_path:  # before any thread starts (see flight.watch)
-        flight.watch(spec.flight_path, functools.partial(_last_words, spec.extras_path))
+    dump = functools.partial(flight.dump, spec.flight_path) if spec.flight_path else None
+    rank_record.start(spec.extras_path, then=dump)  # before any thread starts (see start)
     _exit_when_kernel_dies(alive_r, os.path.dirname(spec.store_path))
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -108,7 +107,7 @@ def _run(spec: WorkerSpec, payload: bytes, messages: Connection) -> int:
 def _send_result(messages: Connection, value: Any) -> int:
     """Send the return value and the collectors' data, pickled apart so that a failure in
     one is never reported as the other."""
-    extras = _extras_or_warning()
+    extras = rank_record.snapshot()
     try:
         data = dumps(value)
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the same message
@@ -123,32 +122,6 @@ def _send_result(messages: Connection, value: Any) -> int:
     return 0
 
 
-def _last_words(path: str) -> None:
-    """Write the collectors' data to `path` (atomically) for the launcher, which asks a rank
-    it is about to stop (a hang, a peer's failure): that rank sends no result. Runs in the
-    flight recorder's thread while the main thread may be blocked; never raises."""
-    if not path:
-        return
-    try:
-        data = dumps(collect_all())
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-    except Exception:  # noqa: BLE001 - data changing under us, a full disk: none then
-        pass
-
-
-def _extras_or_warning() -> bytes:
-    """The registered collectors' data (telemetry), pickled. Their failure is not the
-    learner's: one warning line on this rank's output, and the run goes on without it."""
-    try:
-        return dumps(collect_all())
-    except Exception as exc:  # noqa: BLE001 - any failure: warn, never lose the result
-        print(f"course_lib warning: this rank's telemetry could not be sent back "
-              f"({type(exc).__name__}: {exc}); run.telemetry leaves it out.", file=sys.stderr)
-        return dumps({})
-
-
 def _send_error(messages: Connection, exc: BaseException, extras: bytes | None = None) -> None:
     """Describe the exception for the kernel; the traceback is formatted there, with source."""
     tbe = traceback.TracebackException.from_exception(exc, lookup_lines=False)
@@ -160,7 +133,7 @@ def _send_error(messages: Connection, exc: BaseException, extras: bytes | None =
         info["traceback"] = dumps(tbe)
     except Exception:  # noqa: BLE001 - an odd exception class: fall back to text
         info["text"] = "".join(tbe.format())
-    info["extras"] = extras if extras is not None else _extras_or_warning()
+    info["extras"] = extras if extras is not None else rank_record.snapshot()
     messages.send(("error", info))
     del tbe
     traceback.clear_frames(exc.__traceback__)  # frames may hold DDP objects

@@ -24,7 +24,9 @@ class LogLine:
 class Run:
     """The outcome of one launch.
 
-    results: each rank's return value, in rank order.
+    results: each rank's return value, in rank order; None for a rank that did not return
+    (in a failed launch's Run, DistributedError.run).
+    returned: the ranks that returned, whose values `results` holds.
     logs: every line every rank printed, in arrival order.
     timings: per rank, time.time() stamps "started" (process up), "ready" (process group
     initialised) and "result" (its return value received; "error" instead when it raised).
@@ -34,6 +36,7 @@ class Run:
     world_size: int
     backend: str
     results: list[Any] = field(default_factory=list)
+    returned: list[int] = field(default_factory=list)
     logs: list[LogLine] = field(default_factory=list)
     timings: list[dict[str, float]] = field(default_factory=list)
     extras: list[dict[str, Any]] = field(default_factory=list)
