@@ -72,13 +72,14 @@ class Progress:
         if m := FILE.match(text):
             return self._file(m[1], unquote(m[2]).rsplit("/", 1)[-1],
                               float(m[3] or 0) * UNITS.get(m[4], 0))
-        if text.startswith("Collecting ") or text.startswith("Processing "):
-            self.doing = f"resolving what to install ({text.split()[1]})"
+        if text.startswith(("Collecting ", "Processing ", "Obtaining ")):
+            what = unquote(text.split()[1]).rsplit("/", 1)[-1]
+            self.file, self.doing = "", f"resolving what to install ({what})"
         elif text.startswith("Installing build dependencies"):
-            self.doing = "building the course's package"
+            self.file, self.doing = "", "building the course's package"
         elif text.startswith("Installing collected packages:"):
             names = text.split(":", 1)[1].split(",")
-            self.doing, self.file = f"installing {len(names)} package(s)", ""
+            self.file, self.doing = "", f"installing {len(names)} package(s)"
         elif text.startswith("Successfully installed "):
             self.installed = len(text.split()) - 2
         if NOISE.search(text) or text.startswith(("Installing collected", "Successfully inst")):
@@ -86,18 +87,16 @@ class Progress:
         return line.rstrip()
 
     def _file(self, how: str, name: str, size: float) -> str | None:
-        self.files += 1
         if how == "Using cached":
             return f"  from pip's cache: {name} ({megabytes(size)})" if size >= BIG else None
-        self.fetched += size
-        self.file, self.done, self.total = name, 0, int(size)
-        self.doing = f"downloading {name}"
+        self.fetched, self.files = self.fetched + size, self.files + 1
+        self.file, self.done, self.total = name, 0, 0  # pip counts bytes from 512 kB up
         return f"  downloading {name} ({megabytes(size)})" if size >= BIG else None
 
     def now(self) -> str:
         """A one-line state: the download's bytes, or what pip is doing, and the time so far."""
         so_far = duration(time.monotonic() - self.start)
-        if self.file and self.total:
+        if self.file and self.done < self.total:
             return (f"still downloading {self.file}: {megabytes(self.done)} of "
                     f"{megabytes(self.total)} ({so_far} so far)")
         return f"still working: {self.doing} ({so_far} so far)"

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import unicodedata
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -435,3 +436,89 @@ def shrunk_figures(shown: list[dict], below: int = 80) -> list[str]:
     return [f"cell {number}: figure shown at {scale}% of its width"
             for number, seen in enumerate(shown, start=1) for scale in seen["scales"]
             if scale < below]
+
+
+# --- what a learner can read: glyphs and labels ----------------------------------------------
+
+# A character no font has (plane 16's private use area): the browser draws it as the font's
+# missing-glyph box, the same box for every character it has no font for.
+NO_GLYPH = "\U0010fffd"
+# Each character drawn in each of the page's fonts (prose, code, output) on a canvas, compared
+# pixel for pixel with the missing-glyph box: equal means it reaches the learner as a box.
+MISSING_GLYPHS = r"""([chars, noGlyph]) => {
+    const fonts = new Set();
+    for (const selector of ['.jp-RenderedMarkdown', '.jp-Notebook .cm-content',
+                            '.jp-OutputArea-output pre', '.jp-OutputArea-output']) {
+        const element = document.querySelector(selector);
+        if (element) fonts.add(getComputedStyle(element).fontFamily);
+    }
+    const canvas = document.createElement('canvas');
+    canvas.width = canvas.height = 64;
+    const ctx = canvas.getContext('2d', {willReadFrequently: true});
+    const draw = (ch, family) => {
+        ctx.clearRect(0, 0, 64, 64);
+        ctx.font = `32px ${family}`;
+        ctx.textBaseline = 'top';
+        ctx.fillText(ch, 4, 4);
+        return ctx.getImageData(0, 0, 64, 64).data.join(',');
+    };
+    const missing = [];
+    for (const family of fonts) {
+        const box = draw(noGlyph, family);
+        for (const ch of chars) if (draw(ch, family) === box) missing.push([ch, family]);
+    }
+    return missing;
+}"""
+# Control characters, spaces and marks draw nothing on their own: not checked.
+DRAWS_NOTHING = {"Cc", "Cf", "Mn", "Mc", "Me", "Zs", "Zl", "Zp"}
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def notebook_text(nb: dict) -> str:
+    """Every cell's source and every text its outputs carry (tracebacks without colours)."""
+    parts = []
+    for cell in nb["cells"]:
+        parts.append(cell["source"])
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", ""))
+            parts += out.get("traceback", [])
+            parts += [str(v) for k, v in out.get("data", {}).items() if k.startswith("text/")]
+    return ANSI.sub("", "\n".join(parts))
+
+
+def symbols(text: str) -> list[str]:
+    """The characters outside ASCII that a font must draw, each once."""
+    return sorted({ch for ch in text if ord(ch) > 127
+                   and unicodedata.category(ch) not in DRAWS_NOTHING})
+
+
+def missing_glyphs(page, nb: dict) -> list[str]:
+    """The notebook's characters that the page's fonts draw as a missing-glyph box (🔴 and ✅
+    without an emoji font)."""
+    found = page.evaluate(MISSING_GLYPHS, [symbols(notebook_text(nb)), NO_GLYPH])
+    return [f"{ch!r} (U+{ord(ch):04X} {unicodedata.name(ch, 'unnamed')}) is drawn as a box "
+            f"in the font {family}" for ch, family in found]
+
+
+# Text that ipywidgets cuts with an ellipsis (descriptions, checkbox and button labels) or
+# clips (a slider's readout), where it needs more width than it is given.
+CUT_TEXT = """widget => [...widget.querySelectorAll('*')].filter(e => {
+    const style = getComputedStyle(e);
+    const cuts = style.textOverflow === 'ellipsis' || e.classList.contains('widget-readout');
+    return cuts && e.offsetParent && e.textContent.trim() && e.scrollWidth > e.clientWidth + 1;
+}).map(e => [e.textContent.trim(), e.clientWidth, e.scrollWidth])"""
+
+
+def cut_labels(page, shown: list[dict]) -> list[str]:
+    """Widget labels shown cut off, each widget scrolled into view first (the notebook lays
+    out only the cells in view)."""
+    panel = page.locator(".jp-NotebookPanel .jp-WindowedPanel-outer").bounding_box()
+    found = []
+    for number, seen in enumerate(shown, start=1):
+        for name in (n for n in seen["shots"] if "-widget" in n):
+            widget = page.locator(f"[data-course-shot='{name}']")
+            scrolled_into_view(page, widget, panel)
+            found += [f"cell {number}: widget label {text!r} cut: shown in {shown_px} px, "
+                      f"needs {needed_px} px" for text, shown_px, needed_px
+                      in widget.evaluate(CUT_TEXT)]
+    return found

@@ -1,22 +1,28 @@
 """A learner's view: every lesson, and one exercise as handed out, in a real JupyterLab in a
 real browser (Debian's chromium, driven by Playwright), one server for them all. Run > Run
 All Cells must run every code cell; errors may appear only in cells tagged raises-exception;
-every figure the kernel draws must be an image in the page and every widget a widget. The
-screenshots land in artifacts/browser/<folder>/<notebook>/. Install with
+every figure the kernel draws must be an image in the page and every widget a widget; no
+figure text too small to read, no widget label cut off, no character (the 🔴 and ✅ markers
+among them) drawn as a missing-glyph box. Each lesson's Run All time goes into the JUnit XML
+file. The screenshots land in artifacts/browser/<folder>/<notebook>/. Install with
 scripts/install-browser.sh (COURSE_BROWSER=1)."""
 
+import os
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import nbformat
 import pytest
 from browser_lab import (
     CHROMIUM,
     CHROMIUM_ARGS,
+    cut_labels,
     display_problems,
     failing_check_problems,
     jupyterlab,
+    missing_glyphs,
     open_notebook,
     run_all,
     save_screenshots,
@@ -69,9 +75,21 @@ def browser():
         chromium.close()
 
 
-def run_in_lab(lab, browser, path: str) -> tuple[nbformat.NotebookNode, list[dict], list[str]]:
-    """Open the notebook, Run All, save; return the saved notebook, what the page showed,
-    and the figures whose text is shown too small to read. Screenshots go to
+class LabRun(NamedTuple):
+    """A notebook as a learner met it: saved after Run All, what the page showed, what could
+    not be read (figure text too small, widget labels cut, characters drawn as boxes), and
+    how long opening it and Run All took, with the load average before and after."""
+
+    nb: nbformat.NotebookNode
+    shown: list[dict]
+    too_small: list[str]
+    cut: list[str]
+    boxes: list[str]
+    timing: dict[str, str]
+
+
+def run_in_lab(lab, browser, path: str) -> LabRun:
+    """Open the notebook, Run All, save; screenshots go to
     artifacts/browser/<path without .ipynb>/."""
     shots = ARTIFACTS / path.removesuffix(".ipynb")
     shutil.rmtree(shots, ignore_errors=True)
@@ -80,39 +98,61 @@ def run_in_lab(lab, browser, path: str) -> tuple[nbformat.NotebookNode, list[dic
     lab.take_figure_log()  # figures of an earlier notebook are not this one's
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    start = time.monotonic()
+    load_before, start = os.getloadavg(), time.monotonic()
     try:
         open_notebook(page, lab.notebook_url(path), cells)
+        opened = time.monotonic()
         run_all(page, RUN_ALL_TIMEOUT_MS)
-        print(f"{path}: Run All finished {time.monotonic() - start:.0f} s after opening")
+        ran = time.monotonic()
+        timing = {"open_seconds": f"{opened - start:.1f}", "run_all_seconds": f"{ran - opened:.1f}",
+                  "load_before": " ".join(f"{x:.1f}" for x in load_before),
+                  "load_after": " ".join(f"{x:.1f}" for x in os.getloadavg())}
+        print(f"{path}: opened in {timing['open_seconds']} s, Run All "
+              f"{timing['run_all_seconds']} s (load average {timing['load_before']} before, "
+              f"{timing['load_after']} after)")
         shown = shown_outputs(page)
         nb = saved_notebook(page, lab.root / path)
         save_screenshots(page, shown, nb, shots)
         for note in shrunk_figures(shown):
             print(f"{path}: {note}")
         too_small = small_text(shown, lab.take_figure_log())
+        cut, boxes = cut_labels(page, shown), missing_glyphs(page, nb)
     except Exception:
         page.screenshot(path=shots / "failure.png")
         raise
     finally:
         context.close()
         lab.shut_down_kernels()  # its ranks end with it, before the next notebook starts
-    return nb, shown, too_small
+    return LabRun(nb, shown, too_small, cut, boxes, timing)
 
 
 @pytest.mark.parametrize("path", LESSONS)
-def test_lesson_runs_all_in_jupyterlab(lab, browser, path):
-    nb, shown, too_small = run_in_lab(lab, browser, path)
-    assert unexpected_errors(nb) == []
-    assert display_problems(nb, shown) == []
-    assert too_small == []
+def test_lesson_runs_all_in_jupyterlab(lab, browser, path, record_property):
+    """Also records the Run All time, as a learner meets it, in the JUnit XML file
+    (`python -m course_lib run-times --write` reads it from there)."""
+    run = run_in_lab(lab, browser, path)
+    for name, value in run.timing.items():
+        record_property(name, value)
+    assert unexpected_errors(run.nb) == []
+    assert display_problems(run.nb, run.shown) == []
+    assert run.too_small == []
+    assert run.cut == []
+    assert run.boxes == []
 
 
 def test_exercise_shows_failing_checks_in_jupyterlab(lab, browser):
-    nb, shown, _ = run_in_lab(lab, browser, EXERCISE)
-    assert unexpected_errors(nb) == []
-    assert display_problems(nb, shown) == []
-    assert failing_check_problems(nb, shown) == []
+    run = run_in_lab(lab, browser, EXERCISE)
+    assert unexpected_errors(run.nb) == []
+    assert display_problems(run.nb, run.shown) == []
+    assert failing_check_problems(run.nb, run.shown) == []
+    assert run.cut == [] and run.boxes == []
+
+
+def write_notebook(lab, path: str, cells: list) -> None:
+    """A notebook of these cells in the served course, with a lesson's kernelspec."""
+    lesson = nbformat.read(lab.root / LESSONS[0], as_version=4)
+    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=lesson.metadata),
+                   lab.root / path)
 
 
 LOADED_CELLS = ["import time, matplotlib.pyplot as plt"] + [
@@ -130,17 +170,39 @@ def test_run_all_waits_for_every_cell_on_a_loaded_machine_and_measures_figure_te
     import sys
 
     path = "notebooks/zz_loaded.ipynb"
-    cells = [nbformat.v4.new_code_cell(source) for source in LOADED_CELLS]
-    lesson = nbformat.read(lab.root / LESSONS[0], as_version=4)  # its kernelspec
-    nbformat.write(nbformat.v4.new_notebook(cells=cells, metadata=lesson.metadata),
-                   lab.root / path)
+    write_notebook(lab, path, [nbformat.v4.new_code_cell(source) for source in LOADED_CELLS])
     burn = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
     try:
-        nb, shown, too_small = run_in_lab(lab, browser, path)
+        run = run_in_lab(lab, browser, path)
     finally:
         for process in burn:
             process.kill()
             process.wait()
-    assert all(cell.execution_count for cell in nb.cells)
-    assert "cell 7 done" in "".join(o.get("text", "") for o in nb.cells[8].outputs)
-    assert len(too_small) == 1 and "'tiny'" in too_small[0]
+    assert all(cell.execution_count for cell in run.nb.cells)
+    assert "cell 7 done" in "".join(o.get("text", "") for o in run.nb.cells[8].outputs)
+    assert len(run.too_small) == 1 and "'tiny'" in run.too_small[0]
+
+
+UNREADABLE_CELLS = [
+    nbformat.v4.new_markdown_cell("🔴 **broken**, then ✅ **fixed**; \ue000 has no font"),
+    nbformat.v4.new_code_cell(
+        "import ipywidgets as w\n"
+        "w.VBox([w.IntSlider(description='largest unit (% of model)'),\n"
+        "        w.IntSlider(description='world size', style={'description_width': 'initial'}),\n"
+        "        w.Checkbox(description='a checkbox whose label is far too long to fit',\n"
+        "                   layout=w.Layout(width='200px'))])"),
+    nbformat.v4.new_code_cell("print('markers in output: 🔴 ✅')"),
+]
+
+
+def test_cut_widget_labels_and_characters_drawn_as_boxes_are_found(lab, browser):
+    """The page check finds what a learner cannot read: a slider's description and a
+    checkbox's label cut by ipywidgets, and a character no font has; and not the course's 🔴
+    and ✅ markers, which the emoji font (scripts/install-browser.sh) draws."""
+    path = "notebooks/zz_unreadable.ipynb"
+    write_notebook(lab, path, UNREADABLE_CELLS)
+    run = run_in_lab(lab, browser, path)
+    assert [line.split(" cut:")[0] for line in run.cut] == [
+        "cell 2: widget label 'largest unit (% of model)'",
+        "cell 2: widget label 'a checkbox whose label is far too long to fit'"], run.cut
+    assert {line.split(" ")[0] for line in run.boxes} == {"'\\ue000'"}, run.boxes
