@@ -6,6 +6,7 @@ install is reported as a failed check rather than a traceback."""
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.metadata
 import os
 import platform
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 
 
 @dataclass
@@ -38,14 +39,19 @@ def check_python() -> Check:
                  f"{platform.python_version()} ({sys.executable})" + ("" if ok else "; need 3.10+"))
 
 
-def check_packages() -> list[Check]:
+def check_packages(for_gpu_check: bool = False) -> list[Check]:
+    """The course's packages. scripts/gpu-check runs the notebooks with nbclient, so there
+    JupyterLab is not needed (a GPU node often lacks it); a learner's machine needs it."""
     checks = []
-    for package, needed in (("torch", True), ("jupyterlab", True), ("ipywidgets", True),
-                            ("matplotlib", True), ("cloudpickle", True)):
+    for package in ("torch", "jupyterlab", "ipywidgets", "matplotlib", "cloudpickle"):
         version = _version(package)
-        status = PASS if version else (FAIL if needed else WARN)
-        checks.append(Check(package, status, version or "not installed: run the README's "
-                                                         "set-up command"))
+        if version:
+            checks.append(Check(package, PASS, version))
+        elif package == "jupyterlab" and for_gpu_check:
+            checks.append(Check(package, SKIP, "not installed: not needed by the GPU check, "
+                                               "which runs the notebooks with nbclient"))
+        else:
+            checks.append(Check(package, FAIL, "not installed: run the README's set-up command"))
     return checks
 
 
@@ -201,9 +207,12 @@ def check_peer(peer: str | None, listen_port: int | None, wait: float) -> Check:
     return Check(f"peer {peer}", PASS if result.ok else FAIL, result.detail)
 
 
-def run_doctor(checks: list[Callable[[], Check | list[Check]]] | None = None) -> list[Check]:
+def run_doctor(checks: list[Callable[[], Check | list[Check]]] | None = None,
+               for_gpu_check: bool = False) -> list[Check]:
+    """Run the checks (default: all of a learner's machine's) in order."""
     results: list[Check] = []
-    for check in checks or (check_python, check_packages, check_cores, check_gpus,
+    packages = functools.partial(check_packages, for_gpu_check)
+    for check in checks or (check_python, packages, check_cores, check_gpus,
                             check_backends, check_loopback, check_launch, check_tracebacks):
         out = check()
         results.extend(out if isinstance(out, list) else [out])
@@ -232,11 +241,14 @@ def main(argv: list[str] | None = None) -> int:
                              "launch, on the rendezvous node)")
     parser.add_argument("--wait", type=float, default=10.0,
                         help="seconds to wait for the other side (default 10)")
+    parser.add_argument("--for-gpu-check", action="store_true",
+                        help="as scripts/gpu-check runs it: JupyterLab is not needed there")
     args = parser.parse_args(argv or [])
     if args.peer or args.listen:
         results = run_doctor([lambda: check_peer(args.peer, args.listen, args.wait)])
         print(format_table(results, "both directions reach (this checks the network only)"))
     else:
-        results = run_doctor()
-        print(format_table(results))
+        results = run_doctor(for_gpu_check=args.for_gpu_check)
+        print(format_table(results, "ready for the GPU check" if args.for_gpu_check
+                           else "ready for the course"))
     return 1 if any(c.status == FAIL for c in results) else 0

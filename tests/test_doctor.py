@@ -28,7 +28,7 @@ def test_a_failing_check_makes_the_doctor_fail(monkeypatch, capsys):
 
     for name in ("check_python", "check_cores", "check_gpus", "check_loopback"):
         monkeypatch.setattr(doctor, name, lambda name=name: doctor.Check(name, doctor.PASS, ""))
-    monkeypatch.setattr(doctor, "check_packages", lambda: [])
+    monkeypatch.setattr(doctor, "check_packages", lambda for_gpu_check=False: [])
     monkeypatch.setattr(doctor, "check_backends", broken_backends)
     monkeypatch.setattr(doctor, "check_launch", lambda: [])
     monkeypatch.setattr(doctor, "check_tracebacks", lambda: [])
@@ -68,3 +68,31 @@ def test_a_cpu_limit_below_two_cores_is_a_warning(monkeypatch):
     monkeypatch.setattr(doctor, "cgroup_cpu_limit", lambda: 0.5)
     check = doctor.check_cores()
     assert check.status == doctor.WARN and "0.5 (a cgroup CPU limit" in check.detail
+
+
+def without_jupyterlab(monkeypatch):
+    """This machine as a GPU node is: every package but jupyterlab; the slow checks stubbed."""
+    real = doctor._version
+    monkeypatch.setattr(doctor, "_version", lambda p: None if p == "jupyterlab" else real(p))
+    for name in ("check_python", "check_cores", "check_gpus", "check_backends",
+                 "check_loopback", "check_tracebacks"):
+        monkeypatch.setattr(doctor, name, lambda name=name: doctor.Check(name, doctor.PASS, ""))
+    monkeypatch.setattr(doctor, "check_launch", lambda: [])
+
+
+def test_jupyterlab_is_not_needed_for_the_gpu_check(monkeypatch, capsys):
+    without_jupyterlab(monkeypatch)
+    assert doctor.main(["--for-gpu-check"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("jupyterlab "))
+    assert row.split()[1] == "SKIP" and "not installed: not needed by the GPU check" in row
+    assert "All checks passed: ready for the GPU check." in out
+
+
+def test_a_learner_still_needs_jupyterlab(monkeypatch, capsys):
+    without_jupyterlab(monkeypatch)
+    assert doctor.main([]) == 1
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("jupyterlab "))
+    assert row.split()[1:3] == ["FAIL", "not"] and "run the README's set-up command" in row
+    assert "FAILED: jupyterlab" in out

@@ -1,10 +1,12 @@
 """Execute notebooks in parallel, each in its own process, and judge each with the gate.
 
-Usage (scripts/gpu-check calls it):
-    python scripts/gpu_check/runner.py OUT_DIR JOBS CAP_S NOTEBOOK...
-Each notebook is executed in place (pass copies) with nbclient, errors allowed so that every
-cell runs, then judged by the gate's own check (`check_executed`). One record per notebook
-goes to OUT_DIR/notebooks.json; one line per notebook is printed as it finishes.
+Usage (scripts/gpu-check calls it, with scripts/ on PYTHONPATH):
+    python -m gpu_check.runner OUT_DIR JOBS CAP_S STALL_S NOTEBOOK...
+Each notebook is executed in place (pass copies) by nbwatch.py, errors allowed so that every
+cell runs: saved after every cell, killed at the cap with the cell it was in named, stacks
+dumped after STALL_S seconds without progress. Then the gate's own check (`check_executed`)
+judges it. One record per notebook goes to OUT_DIR/notebooks.json; one line per notebook is
+printed as it finishes.
 """
 
 from __future__ import annotations
@@ -22,19 +24,11 @@ import nbformat
 from course_lib.authoring.gate import check_executed
 from course_lib.authoring.outputs import describe_error, error_output
 from course_lib.protocol import RAISES, tags
+from gpu_check import nbwatch  # scripts/ on sys.path: scripts/gpu-check puts it there
 
 CELL_TIMEOUT_S = 300  # as the gate's default
-EXECUTE = """
-import sys, nbformat
-from nbclient import NotebookClient
-path = sys.argv[1]
-nb = nbformat.read(path, as_version=4)
-try:
-    NotebookClient(nb, timeout=int(sys.argv[2]), allow_errors=True, kernel_name="python3",
-                   resources={"metadata": {"path": sys.argv[3]}}).execute()
-finally:
-    nbformat.write(nb, path)
-"""
+NBWATCH = Path(__file__).with_name("nbwatch.py")
+RUN_TIMES = Path(__file__).resolve().parents[2] / "docs" / "run_times.json"
 
 
 def first_unexpected_error(nb: Any) -> str:
@@ -56,38 +50,76 @@ def judge(path: Path, seconds: float, stopped: str = "") -> dict[str, Any]:
             "first_error": first, "problems": report.problems, "failed_cells": failed_cells}
 
 
-def run_one(path: Path, deadline: float) -> dict[str, Any]:
-    """Execute one notebook in a child process (killed at the deadline), then judge it."""
+def run_one(path: Path, deadline: float, stall_s: float = 60.0) -> dict[str, Any]:
+    """Execute one notebook under nbwatch (killed at the deadline, stacks dumped when it
+    stalls or is killed), then judge what it saved."""
     start = time.monotonic()
     left = deadline - start
     if left < 10:
         return not_run(path, "not run: the check's time cap was reached")
-    cmd = [sys.executable, "-c", EXECUTE, str(path), str(CELL_TIMEOUT_S), str(path.parent)]
+    cmd = [sys.executable, str(NBWATCH), str(path), "--cap", f"{left:.0f}",
+           "--stall", str(stall_s), "--timeout", str(CELL_TIMEOUT_S)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        done = subprocess.run(cmd, timeout=left, capture_output=True, text=True)
-        stopped = "" if done.returncode == 0 else _last_line(done.stderr)
+        _, stderr = proc.communicate(timeout=left + 90)  # nbwatch ends itself at its cap
     except subprocess.TimeoutExpired:
-        stopped = f"killed: still running when the check's time cap ({left:.0f} s left) ran out"
-    return judge(path, time.monotonic() - start, stopped)
+        nbwatch.kill_tree(proc.pid)
+        _, stderr = proc.communicate()
+    stopped = stop_reason(path, proc.returncode, stderr)
+    record = judge(path, time.monotonic() - start, stopped)
+    events = nbwatch.read_events(nbwatch.events_path(path))
+    record["stalls"] = [{"cell": e["cell"], "idle": e["idle"]} for e in events
+                        if e["event"] == "stall"]
+    stacks = nbwatch.stacks_path(path)
+    record["stacks"] = str(stacks) if stacks.exists() else ""
+    return record
+
+
+def stop_reason(path: Path, returncode: int, stderr: str) -> str:
+    """Why a run ended early, naming the cell it was in; '' when every cell ran."""
+    if returncode == 0:
+        return ""
+    if returncode == nbwatch.KILLED:
+        return nbwatch.describe_kill(path, "the check's time cap")
+    events = nbwatch.read_events(nbwatch.events_path(path))
+    finished = next((e for e in events if e["event"] == "finished"), None)
+    cell = nbwatch.running_cell(events)
+    where = f" in cell {cell['cell']}" if cell else ""
+    if finished:
+        return f"execution stopped{where}: {finished['detail'][:300]}"
+    return f"execution stopped{where} (exit status {returncode}): {_last_line(stderr)}"
 
 
 def not_run(path: Path, why: str) -> dict[str, Any]:
     """The record of a notebook that was never executed."""
     return {"notebook": str(path), "ok": False, "seconds": 0.0, "first_error": why,
-            "problems": [why], "failed_cells": []}
+            "problems": [why], "failed_cells": [], "stalls": [], "stacks": ""}
 
 
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return f"execution stopped: {lines[-1][:300]}" if lines else "execution stopped"
+    return lines[-1][:300] if lines else "no message"
 
 
-def run_all(paths: list[Path], out: Path, jobs: int, cap_s: float) -> list[dict[str, Any]]:
-    """Run every notebook, `jobs` at a time; print a line as each one ends."""
+def longest_first(paths: list[Path]) -> list[Path]:
+    """The notebooks in the order to start them: longest first by docs/run_times.json (CI's
+    last times), so that the slowest does not start last and hold the check up."""
+    known = json.loads(RUN_TIMES.read_text()) if RUN_TIMES.exists() else {}
+    return sorted(paths, key=lambda p: -known.get(short_name(p), 0.0))
+
+
+def short_name(path: Path) -> str:
+    """'notebooks/14_torchrun.ipynb' for a copy at OUT/executed/notebooks/14_torchrun.ipynb."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def run_all(paths: list[Path], out: Path, jobs: int, cap_s: float,
+            stall_s: float = 60.0) -> list[dict[str, Any]]:
+    """Run every notebook, `jobs` at a time, longest first; print a line as each one ends."""
     deadline = time.monotonic() + cap_s
     records = []
     with cf.ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(run_one, p, deadline) for p in paths]
+        futures = [pool.submit(run_one, p, deadline, stall_s) for p in longest_first(paths)]
         for future in cf.as_completed(futures):
             rec = future.result()
             records.append(rec)
@@ -101,12 +133,12 @@ def run_all(paths: list[Path], out: Path, jobs: int, cap_s: float) -> list[dict[
 
 def main(argv: list[str]) -> int:
     """Exit 0 only if every notebook passed."""
-    if len(argv) < 4:
+    if len(argv) < 5:
         print(__doc__, file=sys.stderr)
         return 2
-    out, jobs, cap_s = Path(argv[0]), int(argv[1]), float(argv[2])
+    out, jobs, cap_s, stall_s = Path(argv[0]), int(argv[1]), float(argv[2]), float(argv[3])
     out.mkdir(parents=True, exist_ok=True)
-    records = run_all([Path(p) for p in argv[3:]], out, jobs, cap_s)
+    records = run_all([Path(p) for p in argv[4:]], out, jobs, cap_s, stall_s)
     return 0 if all(r["ok"] for r in records) else 1
 
 
