@@ -63,7 +63,8 @@ def test_map_sends_a_symptom_to_the_lessons_that_show_it(tmp_path):
     assert "[03](../notebooks/03_data.ipynb), [10](../notebooks/10_hangs.ipynb)" in p20
     assert "`Connection closed by peer`" in p20 and "planned" not in p20
     assert "measured: same samples" in rows["P03"]
-    assert "| planned: 14 | to come |" in rows["P13"]  # registered, in no lesson yet
+    assert "| not in a lesson yet | not shown yet |" in rows["P13"]  # lesson 14 absent here
+    assert "planned" not in page and "to come" not in page
     under_hang = page.split(f"## {KINDS['hang']}")[1].split("\n## ")[0]
     assert "P20:" in under_hang and "P03:" not in under_hang
 
@@ -111,19 +112,35 @@ def test_every_relative_link_in_the_workshop_pages_resolves(page):
     assert missing == [], f"{page} links to missing files: {missing}"
 
 
+def test_a_lesson_named_by_the_registry_without_a_cell_is_explained_in_its_text(tmp_path):
+    two_lessons(tmp_path)
+    lesson_file(tmp_path, "14_torchrun", "Torchrun", "how to start torchrun")
+    page = course_map.map_page(course_map.lessons(tmp_path))
+    p13 = next(line for line in page.splitlines() if " | P13: " in line)
+    assert "| [14](../notebooks/14_torchrun.ipynb) (explained in its text) | not shown yet |" \
+        in p13
+
+
 def test_guide_block_gives_measured_times_or_says_they_are_missing(tmp_path):
     two_lessons(tmp_path)
     all_lessons = course_map.lessons(tmp_path)
-    assert "Run All: not measured yet · pitfalls: P03, P20" in \
-        course_map.guide_block(all_lessons, {})
-    (tmp_path / "docs").mkdir()
-    (tmp_path / course_map.TIMES).write_text(json.dumps(
-        {"notebooks/03_data.ipynb": 14.6, "solutions/03_data.ipynb": 9.2,
-         "notebooks/10_hangs.ipynb": 30.0}))
     block = course_map.guide_block(all_lessons, course_map.run_times(tmp_path))
-    assert "Run All: 15 s (lesson), 9 s (exercise solved) · pitfalls: P03, P20" in block
-    assert "Run All: 30 s (lesson) · pitfalls: P20" in block
-    assert "back to back: 45 s" in block  # 14.6 + 30.0, lessons only
+    assert "Run All: not measured yet · pitfalls: P03, P20" in block
+    assert "Run All in JupyterLab: not measured yet" in block
+    (tmp_path / "docs").mkdir()
+    lab = {"run_all": 96.4, "open": 7.1, "date": "2026-11-29", "load": "3.9 before, 5.0 after"}
+    (tmp_path / course_map.TIMES).write_text(json.dumps(
+        {"nbmake": {"date": "2026-11-26", "load": None,
+                    "seconds": {"notebooks/03_data.ipynb": 14.6, "solutions/03_data.ipynb": 9.2,
+                                "notebooks/10_hangs.ipynb": 30.0}},
+         "browser": {"notebooks/03_data.ipynb": lab}}))
+    block = course_map.guide_block(all_lessons, course_map.run_times(tmp_path))
+    assert ("Run All: 96 s in JupyterLab (2026-11-29, load average 3.9 before, 5.0 after); "
+            "15 s (lesson), 9 s (exercise solved) under nbmake · pitfalls: P03, P20") in block
+    assert "Run All: 30 s (lesson) under nbmake · pitfalls: P20" in block
+    assert ("under nbmake: 45 s, in the full test run of 2026-11-26 on the 2-core CI machine "
+            "(load average not recorded)") in block  # 14.6 + 30.0, lessons only
+    assert "96 s for the 1 lesson(s) measured" in block
 
 
 def test_a_lesson_without_a_heading_gets_a_clear_error(tmp_path, capsys, monkeypatch):

@@ -82,15 +82,19 @@ def shown(cells: tuple[PitfallCell, ...] | list[PitfallCell]) -> str:
 
 
 def symptom_row(p: Pitfall, all_lessons: list[Lesson]) -> str:
-    """One row of the map: what you see, the pitfall, its lessons, what their cells show."""
+    """One row of the map: what you see, the pitfall, its lessons, what their cells show. A
+    lesson the registry names that has no cell for the pitfall is listed as explaining it in
+    its text; a pitfall in no lesson yet says so."""
     showing = [(lesson, [c for c in lesson.cells if c.pitfall == p.id]) for lesson in all_lessons]
     showing = [(lesson, cells) for lesson, cells in showing if cells]
     where = [f"[{lesson.number}]({lesson.link()})" for lesson, _ in showing]
-    planned = [n for n in p.lessons if n not in {lesson.number for lesson, _ in showing}]
-    if planned:
-        where.append(f"planned: {', '.join(planned)}")
-    evidence = shown([c for _, cells in showing for c in cells]) or "to come"
-    return f"| {p.symptom or p.title} | {p.id}: {p.title} | {', '.join(where)} | {evidence} |"
+    shown_in = {lesson.number for lesson, _ in showing}
+    where += [f"[{lesson.number}]({lesson.link()}) (explained in its text)"
+              for lesson in all_lessons
+              if lesson.number in p.lessons and lesson.number not in shown_in]
+    evidence = shown([c for _, cells in showing for c in cells]) or "not shown yet"
+    return (f"| {p.symptom or p.title} | {p.id}: {p.title} | "
+            f"{', '.join(where) or 'not in a lesson yet'} | {evidence} |")
 
 
 def map_page(all_lessons: list[Lesson]) -> str:
@@ -125,21 +129,40 @@ def map_page(all_lessons: list[Lesson]) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_times(root: Path = Path(".")) -> dict[str, float]:
-    """'folder/name.ipynb' -> measured seconds ({} until `run-times --write` has run)."""
+def run_times(root: Path = Path(".")) -> dict:
+    """docs/run_times.json as `python -m course_lib run-times` writes it: {"nbmake": {"date",
+    "load", "seconds": {'folder/name.ipynb': seconds}}, "browser": {'notebooks/name.ipynb':
+    {"run_all", "open", "date", "load"}}}; empty parts until a run has been written."""
     path = root / TIMES
-    return json.loads(path.read_text()) if path.exists() else {}
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    nbmake = stored.get("nbmake", {})
+    return {"nbmake": {"date": nbmake.get("date"), "load": nbmake.get("load"),
+                       "seconds": nbmake.get("seconds", {})},
+            "browser": stored.get("browser", {})}
 
 
-def guide_block(all_lessons: list[Lesson], times: dict[str, float]) -> str:
+def load_text(load: str | None) -> str:
+    """'load average 3.9 at the start, 5.0 at the end', or that it was not recorded."""
+    return f"load average {load}" if load else "load average not recorded"
+
+
+def guide_block(all_lessons: list[Lesson], times: dict) -> str:
     """The instructor guide's generated part: per lesson, times, pitfalls and objectives."""
-    total = sum(times.get(f"notebooks/{lesson.stem}.ipynb", 0.0) for lesson in all_lessons)
+    nbmake, browser = times["nbmake"], times["browser"]
+    names = [f"notebooks/{lesson.stem}.ipynb" for lesson in all_lessons]
+    total = sum(nbmake["seconds"].get(name, 0.0) for name in names)
+    in_lab = [browser[name]["run_all"] for name in names if name in browser]
     out = [f"{len(all_lessons)} lessons. " + (
-        f"Run All of every lesson notebook, back to back: {total:.0f} s under nbmake on the "
-        "2-core CI machine (docs/run_times.json)." if times else
+        f"Every lesson notebook back to back under nbmake: {total:.0f} s, in the full test run "
+        f"of {nbmake['date']} on the 2-core CI machine ({load_text(nbmake['load'])}). "
+        if nbmake["seconds"] else
         "Run times: not measured yet (they appear here when `python -m course_lib run-times "
         "--write` has written docs/run_times.json and `python -m course_lib map --write` "
-        "has run)."), ""]
+        "has run). ") + (
+        f"Run All in JupyterLab (the browser check, in chromium): {sum(in_lab):.0f} s for the "
+        f"{len(in_lab)} lesson(s) measured, each with its date and load below; a room of "
+        "laptops with other programs open takes longer." if in_lab else
+        "Run All in JupyterLab: not measured yet (the browser check records it)."), ""]
     for lesson in all_lessons:
         ids = ", ".join(dict.fromkeys(c.pitfall for c in lesson.cells)) or "none"
         out += [f"### {lesson.number} · {lesson.title}", "",
@@ -151,12 +174,19 @@ def guide_block(all_lessons: list[Lesson], times: dict[str, float]) -> str:
     return "\n".join(out).rstrip()
 
 
-def run_time(lesson: Lesson, times: dict[str, float]) -> str:
-    """'12 s (lesson), 9 s (exercise solved)', from the measured times of both notebooks."""
-    parts = [f"{times[f'{folder}/{lesson.stem}.ipynb']:.0f} s ({what})"
-             for folder, what in (("notebooks", "lesson"), ("solutions", "exercise solved"))
-             if f"{folder}/{lesson.stem}.ipynb" in times]
-    return ", ".join(parts) or "not measured yet"
+def run_time(lesson: Lesson, times: dict) -> str:
+    """'23 s in JupyterLab (2026-11-28, load average 3.9 before, 5.0 after); 14 s (lesson),
+    7 s (exercise solved) under nbmake', from the measured times of the notebooks."""
+    seconds = times["nbmake"]["seconds"]
+    nbmake = [f"{seconds[f'{folder}/{lesson.stem}.ipynb']:.0f} s ({what})"
+              for folder, what in (("notebooks", "lesson"), ("solutions", "exercise solved"))
+              if f"{folder}/{lesson.stem}.ipynb" in seconds]
+    lab = times["browser"].get(f"notebooks/{lesson.stem}.ipynb")
+    parts = [f"{lab['run_all']:.0f} s in JupyterLab ({lab['date']}, {load_text(lab['load'])})"
+             ] if lab else []
+    if nbmake:
+        parts.append(", ".join(nbmake) + " under nbmake")
+    return "; ".join(parts) or "not measured yet"
 
 
 def write(root: Path = Path(".")) -> None:
