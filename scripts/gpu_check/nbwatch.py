@@ -64,7 +64,7 @@ class EventLog:
         self.path = path
         self.lock = threading.Lock()
         self.last_progress = time.monotonic()
-        self.cell: dict[str, Any] | None = None  # the code cell running now
+        self.cell: int | None = None  # the number of the code cell running now
         path.write_text("")
 
     def write(self, event: str, **fields: Any) -> None:
@@ -85,14 +85,10 @@ def read_events(path: Path) -> list[dict[str, Any]]:
 
 
 def cell_spans(events: list[dict[str, Any]]) -> list[tuple[int, float, float | None]]:
-    """(cell number, start, end or None while running) per executed code cell, in order."""
-    spans: dict[int, list] = {}
-    for e in events:
-        if e["event"] == "start":
-            spans[e["cell"]] = [e["cell"], e["t"], None]
-        elif e["event"] == "end" and e["cell"] in spans:
-            spans[e["cell"]][2] = e["t"]
-    return [tuple(s) for s in spans.values()]  # type: ignore[misc]
+    """(cell number, start, end or None if it never ended) per executed code cell, in order:
+    the times to look for a wait in (a cell that took long, a gap between two cells)."""
+    ends = {e["cell"]: e["t"] for e in events if e["event"] == "end"}
+    return [(e["cell"], e["t"], ends.get(e["cell"])) for e in events if e["event"] == "start"]
 
 
 def running_cell(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -246,7 +242,7 @@ class WatchedClient(NotebookClient):
 
     def _started(self, cell: Any, cell_index: int) -> None:
         first = next((line for line in cell.source.splitlines() if line.strip()), "")
-        self.events.cell = {"cell": cell_index + 1, "t": time.time(), "source": first[:80]}
+        self.events.cell = cell_index + 1
         self.events.write("start", cell=cell_index + 1, source=first[:80])
         self.events.progress()
 
@@ -269,7 +265,7 @@ def watchdog(client: WatchedClient, stall_s: float, cap_s: float | None, stacks:
     events, start = client.events, time.monotonic()
     dumps, seen = 0, events.last_progress
     while not done.wait(1.0):
-        cell = events.cell["cell"] if events.cell else None
+        cell = events.cell
         if cap_s is not None and time.monotonic() - start >= cap_s:
             events.write("killed", cell=cell, why=f"the cap ({cap_s:g} s)")
             dump_stacks(os.getpid(), stacks, f"killed at the cap ({cap_s:g} s) in cell {cell}",

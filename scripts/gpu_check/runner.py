@@ -21,6 +21,7 @@ from typing import Any
 
 import nbformat
 
+from course_lib.authoring.course_map import run_times
 from course_lib.authoring.gate import check_executed
 from course_lib.authoring.outputs import describe_error, error_output
 from course_lib.protocol import RAISES, tags
@@ -28,7 +29,7 @@ from gpu_check import nbwatch  # scripts/ on sys.path: scripts/gpu-check puts it
 
 CELL_TIMEOUT_S = 300  # as the gate's default
 NBWATCH = Path(__file__).with_name("nbwatch.py")
-RUN_TIMES = Path(__file__).resolve().parents[2] / "docs" / "run_times.json"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def first_unexpected_error(nb: Any) -> str:
@@ -103,8 +104,8 @@ def _last_line(text: str) -> str:
 
 def longest_first(paths: list[Path]) -> list[Path]:
     """The notebooks in the order to start them: longest first by docs/run_times.json (CI's
-    last times), so that the slowest does not start last and hold the check up."""
-    known = json.loads(RUN_TIMES.read_text()) if RUN_TIMES.exists() else {}
+    last nbmake times), so that the slowest does not start last and hold the check up."""
+    known = run_times(ROOT)["nbmake"]["seconds"]
     return sorted(paths, key=lambda p: -known.get(short_name(p), 0.0))
 
 
