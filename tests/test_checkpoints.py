@@ -6,6 +6,7 @@ import random
 import signal
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -159,7 +160,8 @@ def test_persistent_workers_are_refused_with_what_to_do():
         ckpt.loader_state_after(0, loader, loader.generator.get_state())
 
 
-STOPPING_JOB = """
+# The job of the SIGTERM test below, written to a file: its Dataset, then its body.
+STOPPING_DEFS = """
 import signal, sys, time
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -170,12 +172,16 @@ class Slow(Dataset):
     def __getitem__(self, i):
         time.sleep(0.01)
         return i
+"""
+STOPPING_BODY = """
 stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
-fixed = sys.argv[1] == "ignore"
+fixed, start_method = sys.argv[1] == "ignore", sys.argv[2]
 after = 0
-loader = DataLoader(Slow(), num_workers=1, worker_init_fn=ckpt.ignore_sigterm if fixed else None)
-for n, _ in enumerate(ckpt.iter_holding_sigterm(loader) if fixed else iter(loader)):
+loader = DataLoader(Slow(), num_workers=1, worker_init_fn=ckpt.ignore_sigterm if fixed else None,
+                    multiprocessing_context=start_method)
+hold = fixed and start_method != "forkserver"  # iter_holding_sigterm refuses a forkserver
+for n, _ in enumerate(ckpt.iter_holding_sigterm(loader) if hold else iter(loader)):
     if n == 5:
         print("ready", flush=True)
     after += bool(stop)
@@ -205,19 +211,36 @@ def test_a_sigterm_while_a_worker_starts_is_held_back_until_it_ignores_it(hold):
         assert done.returncode != 0 and "DataLoader worker" in done.stderr
 
 
-@pytest.mark.parametrize("workers", ["ignore", "default"])
-def test_sigterm_to_the_process_group_leaves_the_loader_running_when_workers_ignore_it(workers):
-    """torchrun's SIGTERM goes to the rank's process group (its DataLoader workers too)."""
-    job = subprocess.Popen([sys.executable, "-c", STOPPING_JOB, workers], text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+@pytest.mark.parametrize(("workers", "start_method"), [
+    ("ignore", "fork"), ("ignore", "spawn"), ("default", "fork"), ("ignore", "forkserver")])
+def test_sigterm_to_the_process_group_leaves_the_loader_running_when_workers_ignore_it(
+        workers, start_method, tmp_path):
+    """torchrun's SIGTERM goes to the rank's process group (its DataLoader workers too).
+    Workers the rank starts itself (fork, spawn) that ignore it keep the loader running. A
+    forkserver (Python 3.14's default on Linux) is in the group too and dies of it, and its
+    workers, whose parent it is, stop with it: the recipe needs fork or spawn."""
+    script = tmp_path / "job.py"  # a file: spawned workers import its Dataset from it
+    script.write_text(STOPPING_DEFS + "if __name__ == '__main__':\n"
+                      + textwrap.indent(STOPPING_BODY, "    "))
+    job = subprocess.Popen([sys.executable, script, workers, start_method],
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            start_new_session=True)
     assert job.stdout.readline().strip() == "ready"
     os.killpg(job.pid, signal.SIGTERM)
     out, err = job.communicate(timeout=120)
-    if workers == "ignore":
+    if workers == "ignore" and start_method != "forkserver":
         assert (job.returncode, out.strip()) == (0, "stopped cleanly"), err
     else:
         assert job.returncode != 0 and "DataLoader worker" in err, (out, err)
+
+
+def test_holding_sigterm_refuses_workers_started_from_a_forkserver():
+    loader = DataLoader(range(4), num_workers=1, multiprocessing_context="forkserver")
+    with pytest.raises(ValueError, match='multiprocessing_context="fork"'):
+        ckpt.iter_holding_sigterm(loader)
+    assert ckpt.worker_start_method(DataLoader(range(4))) is None  # no workers
+    assert ckpt.worker_start_method(DataLoader(range(4), num_workers=1,
+                                               multiprocessing_context="spawn")) == "spawn"
 
 
 def test_outcomes_are_named():
