@@ -3,13 +3,13 @@ rejects plausible wrong answers, each with the hint that names what went wrong."
 
 import numpy as np
 import pytest
-from checking import check_helpers
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson06 import check_all_reduce_waits
 
 NOTEBOOK = "06_profiling.ipynb"
 
-solution, accepts, rejects = check_helpers(NOTEBOOK)
+judged = verdicts_for(NOTEBOOK)
 
 
 def union(intervals):
@@ -50,12 +50,6 @@ def with_numpy(events):
     return answer(events)
 
 
-@pytest.mark.parametrize("fn", ["solution", with_numpy])
-def test_all_reduce_waits_accepts(fn, capsys):
-    fn = solution("all_reduce_waits") if fn == "solution" else fn
-    accepts(check_all_reduce_waits, fn, capsys)
-
-
 def in_microseconds(events):
     return answer(events, scale=1.0)
 
@@ -84,14 +78,93 @@ def a_list(events):
     return list(answer(events).values())
 
 
-@pytest.mark.parametrize("fn, hint", [
+def sweep_line(events):
+    """Correct, written otherwise (a review's answer): a +1/-1 sweep for the union, and the
+    wait of the k-th all-reduce cut at the last rank's start."""
+    def union(intervals):
+        marks = sorted([(s, 1) for s, e in intervals] + [(e, -1) for s, e in intervals],
+                       key=lambda m: (m[0], -m[1]))
+        depth, total, opened = 0, 0.0, None
+        for t, d in marks:
+            if depth == 0 and d == 1:
+                opened = t
+            depth += d
+            if depth == 0 and d == -1:
+                total += t - opened
+        return total
+    found = {}
+    for e in events:
+        if e.get("name") == "gloo:all_reduce" and "dur" in e:
+            found.setdefault(e["pid"], []).append((e["ts"] * 1e-6, (e["ts"] + e["dur"]) * 1e-6))
+    ranks = sorted(found)
+    for r in ranks:
+        found[r].sort()
+    waits = {r: [] for r in ranks}
+    for k in range(len(found[ranks[0]])):
+        last = max(found[r][k][0] for r in ranks)
+        for r in ranks:
+            s, e = found[r][k]
+            if last > s:
+                waits[r].append((s, min(e, last)))
+    return {r: {"all_reduce": union(found[r]), "waiting": union(waits[r])} for r in ranks}
+
+
+def _covered(intervals):
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _slices(events):
+    found = {}
+    for e in events:
+        if e.get("ph") == "X" and e["name"] == "gloo:all_reduce":
+            found.setdefault(e["pid"], []).append((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6))
+    return found
+
+
+def minus_the_least(events):
+    """A review's wrong answer: the rank with the least all-reduce time never waited, the
+    others' extra time is waiting."""
+    busy = {r: _covered(v) for r, v in _slices(events).items()}
+    least = min(busy.values())
+    return {r: {"all_reduce": b, "waiting": b - least} for r, b in busy.items()}
+
+
+def summed_per_all_reduce(events):
+    """A review's wrong answer: each all-reduce's wait summed, no union."""
+    found = {r: sorted(v) for r, v in _slices(events).items()}
+    ranks = sorted(found)
+    out = {r: {"all_reduce": _covered(found[r]), "waiting": 0.0} for r in ranks}
+    for same in zip(*(found[r] for r in ranks)):
+        last = max(s for s, _ in same)
+        for r, (s, e) in zip(ranks, same):
+            out[r]["waiting"] += min(last, e) - s
+    return out
+
+
+# (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
+ALL_REDUCE_WAITS = [
+    (Solution("all_reduce_waits"), ACCEPTED),
+    (with_numpy, ACCEPTED),
+    (sweep_line, ACCEPTED),
     (in_microseconds, "that is microseconds"),
     (handoff_slices, "only hands each bucket"),
     (no_wait_split, "you found no waiting at all"),
     (summed_not_union, "measure the union of the intervals"),
+    (summed_per_all_reduce, "counts twice the moments when two all-reduces were in flight"),
     (wait_from_first_start, "not from the first rank's start"),
     (rank0_for_everyone, "every rank got rank 0's"),
+    (minus_the_least, "you took each rank's all-reduce time minus the least of any rank as "
+                      "its waiting"),
     (a_list, "return a dict with one entry per rank"),
-])
-def test_all_reduce_waits_rejects(fn, hint, capsys):
-    rejects(check_all_reduce_waits, fn, hint, capsys)
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", cases(check_all_reduce_waits, ALL_REDUCE_WAITS))
+def test_the_check_judges_the_answer(check, answer, hint, capsys):
+    """A right answer passes; a wrong one fails with the hint that names its mistake."""
+    judged(check, answer, hint, capsys)

@@ -128,12 +128,51 @@ def manual_all_reduce(model, optimizer, micro_batches):
     optimizer.zero_grad()
 
 
+def flag_by_hand(model, optimizer, micro_batches):
+    """Correct, written otherwise (a review's answer): DDP's flag set by hand, as no_sync()
+    does, and each micro-batch's mean weighed by its share of the samples."""
+    total = sum(len(x) for x, _ in micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        model.require_backward_grad_sync = i == len(micro_batches) - 1
+        loss = nn.functional.mse_loss(model(x), y) * len(x) / total
+        loss.backward()
+    model.require_backward_grad_sync = True
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def first_synced_not_last(model, optimizer, micro_batches):
+    """A review's wrong answer: the FIRST micro-batch outside no_sync(): one all-reduce, and
+    the later micro-batches stay on each rank."""
+    total = sum(len(x) for x, _ in micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with nullcontext() if i == 0 else model.no_sync():
+            loss = nn.functional.mse_loss(model(x), y, reduction="sum") / total
+            loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def zero_grad_before_each(model, optimizer, micro_batches):
+    """A review's wrong answer: optimizer.zero_grad() before every micro-batch's backward."""
+    total = sum(len(x) for x, _ in micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        optimizer.zero_grad()
+        with nullcontext() if i == len(micro_batches) - 1 else model.no_sync():
+            loss = nn.functional.mse_loss(model(x), y, reduction="sum") / total
+            loss.backward()
+    optimizer.step()
+
+
 # (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
 TRAIN_STEP = [
     (Solution("train_step"), ACCEPTED),
     (step_first_then_last, ACCEPTED),
     (step_weighted_means, ACCEPTED),
     (step_zeroing_first, ACCEPTED),
+    (flag_by_hand, ACCEPTED),
+    (first_synced_not_last, "rank 0's and rank 1's gradients differ after the step: your one "
+                            "all-reduce came with micro-batch 1 of 3"),
     (without_no_sync, "on 2 ranks with micro-batches of 4, 4 and 4 samples, you made 3 "
                       "all-reduces per optimizer step (k = 3); with no_sync() around the first "
                       "2 micro-batches (forward and backward) it is 1"),
@@ -148,6 +187,7 @@ TRAIN_STEP = [
     (over_world_size, "is 1/2 of one process's: DDP already averages over the ranks"),
     (zero_in_loop, "is the gradient of the last micro-batch only: zero_grad() inside the "
                    "micro-batch loop"),
+    (zero_grad_before_each, "is the gradient of the last micro-batch only"),
     (step_every_micro_batch, "train_step() called optimizer.step() 3 times"),
     (never_zeroed, "p.grad still held the previous step's gradient when this step began"),
     (manual_all_reduce, "you called 4 collective(s) yourself"),

@@ -4,14 +4,14 @@ and rejects plausible wrong predictions, each with the hint that names the mista
 import math
 
 import pytest
-from checking import check_helpers
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson08 import check_predict_step_time
 
 NOTEBOOK = "08_communication_scaling.ipynb"
 FAST = 20  # seconds a launch: every answer here finishes well within it
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+judged = verdicts_for(NOTEBOOK, FAST)
 
 
 def with_link_seconds(compute_s, n_params, world_size, link):
@@ -87,18 +87,40 @@ def in_milliseconds(compute_s, n_params, world_size, link):
     return 1e3 * with_link_seconds(compute_s, n_params, world_size, link)
 
 
-@pytest.mark.parametrize("fn", [solution("predict_step_time"), with_link_seconds,
-                                in_bits_first])
-def test_predict_step_time_accepts(fn, capsys):
-    accepts(check_predict_step_time, fn, capsys)
+def two_phases(compute_s, n_params, world_size, link):
+    """Correct, written otherwise (a review's answer): reduce-scatter and all-gather as two
+    phases of N-1 messages of bytes/N each."""
+    n = world_size
+    per_message = link.latency_ms * 1e-3 + 4 * n_params * 8 / n / (link.gbit_per_s * 1e9)
+    return compute_s + 2 * (n - 1) * per_message
 
 
-@pytest.mark.parametrize(("fn", "hint"), [
+def two_n_latencies(compute_s, n_params, world_size, link):
+    """A review's wrong answer: every rank sends in each of N steps."""
+    n = world_size
+    return (compute_s + 2 * n * link.latency_ms / 1000
+            + 2 * (n - 1) / n * 4 * n_params * 8 / (link.gbit_per_s * 1e9))
+
+
+def gibibits(compute_s, n_params, world_size, link):
+    """A review's wrong answer: giga taken as 2**30."""
+    return (compute_s + _latency(world_size, link)
+            + 2 * (world_size - 1) / world_size * 4 * n_params * 8 / (link.gbit_per_s * 2**30))
+
+
+# (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
+PREDICT_STEP_TIME = [
+    (Solution("predict_step_time"), ACCEPTED),
+    (with_link_seconds, ACCEPTED),
+    (in_bits_first, ACCEPTED),
+    (two_phases, ACCEPTED),
     (latency_once, "you counted the latency once"),
+    (two_n_latencies, "you counted 2N latencies"),
     (no_ring, "you left out the ring factor"),
     (times_n, "you multiplied the bytes by N"),
     (no_latency, "you left out the link's latency"),
     (bytes_as_bits, "you counted bits as bytes"),
+    (gibibits, "you took giga as 2**30"),
     (no_compute, "you left out the compute time"),
     (in_milliseconds, "check the units"),
     (reduce_scatter_bytes, "your bytes term is half the ring's"),
@@ -106,6 +128,17 @@ def test_predict_step_time_accepts(fn, capsys):
     (overlapped, "you took the larger of compute and communication"),
     (tree, "you used a tree's cost"),
     (two_ranks_always, "your answer is the 2-rank time at every world size"),
-])
-def test_predict_step_time_rejects(fn, hint, capsys):
-    rejects(check_predict_step_time, fn, hint, capsys)
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", cases(check_predict_step_time, PREDICT_STEP_TIME))
+def test_the_check_judges_the_answer(check, answer, hint, capsys):
+    """A right answer passes; a wrong one fails with the hint that names its mistake."""
+    judged(check, answer, hint, capsys)
+
+
+def test_the_pass_line_shows_the_compute_timed_twice(capsys):
+    """The demonstration on a pass says that the compute was timed apart, twice (its noise)."""
+    result = check_predict_step_time(with_link_seconds, timeout=FAST)
+    assert result.passed
+    assert "timed before and after" in result.message

@@ -1,19 +1,20 @@
 """Lesson 09's check accepts the worked solution and a differently written correct answer, and
 rejects plausible wrong AMP + accumulation steps, each with the hint that names what it did."""
 
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 import pytest
 import torch
-from checking import check_helpers
+import torch.distributed as dist
 from torch import nn
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson09 import check_amp_step
 
 NOTEBOOK = "09_mixed_precision.ipynb"
 FAST = 20  # seconds a launch: every answer here finishes (or fails) well within it
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+judged = verdicts_for(NOTEBOOK, FAST)
 
 
 def amp_step_exit_stack(model, optimizer, scaler, micro_batches, max_norm):
@@ -139,13 +140,54 @@ def summed_loss(model, optimizer, scaler, micro_batches, max_norm):
     optimizer.zero_grad()
 
 
-@pytest.mark.parametrize("fn", ["solution", amp_step_exit_stack, amp_step_zeroing_first])
-def test_amp_step_accepts(fn, capsys):
-    fn = solution("amp_step") if fn == "solution" else fn
-    accepts(check_amp_step, fn, capsys)
+def backward_in_autocast(model, optimizer, scaler, micro_batches, max_norm):
+    """Correct, written otherwise (a review's answer): zero_grad first, scale(loss) / k, and
+    backward inside the autocast block."""
+    optimizer.zero_grad(set_to_none=True)
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with ExitStack() as stack:
+            if i < k - 1:
+                stack.enter_context(model.no_sync())
+            stack.enter_context(torch.autocast("cpu", dtype=torch.float16))
+            (scaler.scale(model(x, y)) / k).backward()
+    scaler.unscale_(optimizer)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
 
 
-@pytest.mark.parametrize("fn, hint", [
+def _review_step(model, optimizer, scaler, micro_batches, max_norm, synced, divisor):
+    """A review's answers: the micro-batch `synced(i, k)` outside no_sync(), loss / divisor."""
+    k = len(micro_batches)
+    for i, (x, y) in enumerate(micro_batches):
+        with nullcontext() if synced(i, k) else model.no_sync():
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = model(x, y) / divisor(k)
+            scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad()
+
+
+def divided_by_world_size(*args):
+    """A review's wrong answer: loss / (k * world size), as if DDP summed."""
+    _review_step(*args, lambda i, k: i == k - 1, lambda k: k * dist.get_world_size())
+
+
+def first_synced_not_last(*args):
+    """A review's wrong answer: the first micro-batch outside no_sync(), the rest local."""
+    _review_step(*args, lambda i, k: i == 0, lambda k: k)
+
+
+# (answer, the hint the check's message must hold; ACCEPTED: the check passes the answer)
+AMP_STEP = [
+    (Solution("amp_step"), ACCEPTED),
+    (amp_step_exit_stack, ACCEPTED),
+    (amp_step_zeroing_first, ACCEPTED),
+    (backward_in_autocast, ACCEPTED),
     (no_scaler, "scaler.scale() was never called: in fp16 the small gradients underflow"),
     (scaled_loss_unused, "% of the gradients the optimizer stepped with were non-zero (fp32: "
                          "100%): they underflowed in fp16"),
@@ -157,6 +199,10 @@ def test_amp_step_accepts(fn, capsys):
     (unscale_every_micro_step, "scaler.unscale_() ran twice in one optimizer step"),
     (not_divided, "on 2 ranks, rank 0, step 0: the gradient is 3.00 times the true one: "
                   "divide each micro-batch's loss by k = 3"),
+    (divided_by_world_size, "on 2 ranks, rank 0, step 0: the gradient is 0.50 times the true "
+                            "one, 1/2 on 2 ranks: DDP already averages the gradients"),
+    (first_synced_not_last, "rank 0's and rank 1's gradients differ at step 0: your one "
+                            "all-reduce came with micro-batch 1 of 3"),
     (no_clip, "on 3 ranks, rank 0, step 0: the gradient's norm"),
     (without_no_sync, "DDP made 3 all-reduces in one optimizer step of 3 micro-batches"),
     (summed_loss, "scaler.scale() ran 1 times for 3 micro-batches"),
@@ -165,6 +211,10 @@ def test_amp_step_accepts(fn, capsys):
     (bf16_autocast, "computes in bfloat16, CPU autocast's default; pass dtype=torch.float16"),
     (never_zeroed, "step 1: p.grad still held the previous step's gradient when this step's "
                    "first backward ran"),
-])
-def test_amp_step_rejects(fn, hint, capsys):
-    rejects(check_amp_step, fn, hint, capsys)
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", cases(check_amp_step, AMP_STEP))
+def test_the_check_judges_the_answer(check, answer, hint, capsys):
+    """A right answer passes; a wrong one fails with the hint that names its mistake."""
+    judged(check, answer, hint, capsys)

@@ -106,6 +106,64 @@ def backprops_the_averaged_loss(model, batches, target):
     return steps
 
 
+def sum_and_count(model, batches, target):
+    """Correct, written otherwise (a review's answer): all-reduce [loss, 1], so the count of
+    ranks comes with the sum."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for x, y in batches:
+        loss = F.mse_loss(model(x), y)
+        both = torch.stack([loss.detach(), torch.ones(())])
+        dist.all_reduce(both)
+        if (both[0] / both[1]).item() < target:
+            break
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    dist.barrier()
+    return steps
+
+
+def mean_in_place_backprops_it(model, batches, target):
+    """A review's wrong answer: the loss all-reduced in place and divided, then
+    back-propagated: it decides on the mean, with gradients 1/N of DDP's."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for x, y in batches:
+        loss = F.mse_loss(model(x), y)
+        dist.all_reduce(loss)
+        loss = loss / dist.get_world_size()
+        if loss.item() < target:
+            break
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    dist.barrier()
+    return steps
+
+
+def logs_the_mean_decides_on_its_own(model, batches, target):
+    """A review's wrong answer: the mean all-reduced for the log, the decision on the rank's
+    own loss."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    steps = 0
+    for x, y in batches:
+        loss = F.mse_loss(model(x), y)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        mean /= dist.get_world_size()
+        if loss.item() < target:
+            break
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    dist.barrier()
+    return steps
+
+
 def returns_the_loss(model, batches, target):
     stop_on_a_flag(model, batches, target)
     return 0.25
@@ -115,6 +173,7 @@ def returns_the_loss(model, batches, target):
 TRAIN_UNTIL_CONVERGED = [
     (Solution("train_until_converged"), ACCEPTED),
     (stop_on_a_flag, ACCEPTED),
+    (sum_and_count, ACCEPTED),
     (own_loss, "on 2 ranks the ranks parted at collective #"),
     (own_loss, "each rank decided on its own loss"),
     (rank0_decides, "is where rank 0's own loss falls below it"),
@@ -123,7 +182,11 @@ TRAIN_UNTIL_CONVERGED = [
     (decides_after_the_step, "One step off"),
     (backprops_the_averaged_loss, "every rank stopped after 8 steps; the loss averaged over "
                                   "all ranks first falls below the target at step 12"),
-    (backprops_the_averaged_loss, "Back-propagate each rank's own loss, unscaled"),
+    (backprops_the_averaged_loss, "back-propagate each rank's own loss, unscaled"),
+    (backprops_the_averaged_loss, "your weights are those of gradients 2 times DDP's"),
+    (mean_in_place_backprops_it, "You decided on the mean, but your weights are those of "
+                                 "gradients 1/2 of DDP's"),
+    (logs_the_mean_decides_on_its_own, "each rank decided on its own loss"),
     (returns_the_loss, "return the number of optimizer steps taken"),
 ]
 

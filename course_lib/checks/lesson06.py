@@ -182,6 +182,14 @@ def _mistake_hint(got: dict, events: list[dict], want: dict, rank: int, key: str
                 f"{want[waiter]['waiting'] * 1e3:.0f} ms of its all-reduces waiting for the "
                 "last rank: within the same all-reduce on every rank (the k-th slice of each), a "
                 "rank waits from its own start until the LAST rank's start.")
+    if key == "waiting" and _matches(got, _minus_least(got), ["waiting"]):
+        least = min(want, key=lambda r: got[r]["all_reduce"])
+        return (f"you took each rank's all-reduce time minus the least of any rank as its "
+                f"waiting, so rank {least} waited 0; in this run it waited "
+                f"{want[least]['waiting'] * 1e3:.1f} ms. Every rank, the quickest included, waits "
+                "inside an all-reduce until the last rank starts it, and the ranks' totals also "
+                "differ by what they spend moving data. Split each all-reduce (the k-th slice "
+                "of every rank) at the last rank's start.")
     if _matches(got, all_reduce_waits(events, split="first"), ["waiting"]):
         return ("you gave the waiting to the ranks that started the all-reduces LATE: a rank "
                 "waits from its own start until the LAST rank's start, not from the first "
@@ -190,6 +198,12 @@ def _mistake_hint(got: dict, events: list[dict], want: dict, rank: int, key: str
             f"{want[rank][key]:.4f} s: all_reduce is the time its {SLICE!r} slices cover; "
             "waiting, within each all-reduce (the k-th slice of every rank), is from this "
             "rank's start to the last rank's start.")
+
+
+def _minus_least(got: dict) -> dict:
+    """A rank's waiting as its all-reduce time minus the least of any rank (a mistake)."""
+    least = min(parts["all_reduce"] for parts in got.values())
+    return {r: {"waiting": parts["all_reduce"] - least} for r, parts in got.items()}
 
 
 def _matches(got: dict, other: dict, keys: list[str]) -> bool:

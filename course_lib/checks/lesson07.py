@@ -105,6 +105,7 @@ def _train_on_rank(fn: Callable, sizes: tuple[int, ...]) -> dict[str, Any]:
             "left_grad": float(flat_grad(params).abs().max()),
             "forwards": len(synced_forwards),
             "synced_forwards": sum(synced_forwards),
+            "synced_at": [i for i, synced in enumerate(synced_forwards) if synced],
             "no_sync_entries": len(entries),
             "collectives": collectives.count(calls),  # DDP's hook's all-reduces included
             "weights": state_snapshot(model.module),
@@ -184,9 +185,11 @@ def _judge(results: list[dict[str, Any]], n: int, sizes: tuple[int, ...],
            want: dict[str, Any]) -> None:
     k = len(sizes)
     where = f"on {n} ranks with micro-batches of {listing(sizes)} samples, "
+    for result in results:
+        _judge_calls(result["steps"][0], where, k)
+    _judge_last_synced([result["steps"][0] for result in results], where, k)
     for rank, result in enumerate(results):
         first = result["steps"][0]
-        _judge_calls(first, where, k)
         _judge_gradient(first["grads"][0], want, rank, where, k, sizes)
         leftover = False  # p.grad held a gradient when this step began
         for step, record in enumerate(result["steps"]):
@@ -228,6 +231,23 @@ def _judge_calls(record: dict[str, Any], where: str, k: int) -> None:
     raise Rejected(f"{where}you made {calls} all-reduces per optimizer step (k = {k}); with "
                    f"no_sync() around the first {k - 1} micro-batches (forward and backward) "
                    "it is 1.")
+
+
+def _judge_last_synced(first: list[dict[str, Any]], where: str, k: int) -> None:
+    """The ranks must step with the same gradient; when they do not and the one synced
+    forward was not the last micro-batch's, name it (the all-reduce count was right)."""
+    grads = [record["grads"][0] for record in first]
+    apart = [rank for rank in range(1, len(grads)) if not same(grads[rank], grads[0])]
+    synced = first[0]["synced_at"]
+    if not apart or not synced or synced[-1] == k - 1:
+        return
+    after = synced[-1] + 1
+    later = f"micro-batch {k}" if after + 1 == k else f"micro-batches {after + 1}-{k}"
+    raise Rejected(f"{where}rank 0's and rank {apart[0]}'s gradients differ after the step: "
+                   f"your one all-reduce came with micro-batch {after} of {k} (its forward "
+                   f"ran outside no_sync()), and the backwards of {later} stayed on each "
+                   "rank. The micro-batch outside no_sync() must be the last one: its "
+                   f"backward all-reduces the sum of all {k}.")
 
 
 def _judge_gradient(got: torch.Tensor, want: dict[str, Any], rank: int, where: str, k: int,

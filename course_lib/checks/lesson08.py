@@ -59,16 +59,18 @@ def _median_step(model: nn.Module, steps: int) -> float:
 
 def _measure_on_rank(fn: Callable, link: Link) -> dict[str, Any]:
     """Compute time (the hook on an instant link: loopback and the hook's threads, no wait),
-    the step time on `link`, and fn's predictions for the measured and the probe computes."""
+    the step time on `link`, the compute timed again after it (the two computes differ by
+    this machine's timing noise), and fn's predictions for the first compute and the probes."""
     plain = DDP(make_model(), bucket_cap_mb=100)
     plain.register_comm_hook(INSTANT, simulated_link)
     compute_s = _median_step(plain, STEPS)
     linked = DDP(make_model(), bucket_cap_mb=100)
     linked.register_comm_hook(link, simulated_link)
     measured = _median_step(linked, STEPS)
+    again_s = _median_step(plain, STEPS)
     n = dist.get_world_size()
     asked = (compute_s, *PROBES_S)
-    return {"compute": compute_s, "measured": measured,
+    return {"compute": compute_s, "measured": measured, "compute_again": again_s,
             "said": {c: float(fn(c, n_params(), n, link)) for c in asked}}
 
 
@@ -98,6 +100,12 @@ def _wrong_formulas(compute: float, n: int, link: Link) -> dict[str, float]:
             compute + 2 * math.log2(n) * latency + 2 * bits,
         "you left out the link's latency (latency_ms is in milliseconds)":
             compute + ring * bits,
+        "you counted 2N latencies: in each phase of the ring (reduce-scatter, then "
+        "all-gather) a rank sends N-1 messages, not N, so 2(N-1) in all":
+            compute + 2 * n * latency + ring * bits,
+        "you took giga as 2**30: gbit_per_s counts 10**9 bits per second (network speeds "
+        "are decimal; only memory sizes use 2**30)":
+            compute + lat + ring * nbytes * 8 / (link.gbit_per_s * 2**30),
         "you counted bits as bytes: gbit_per_s is in gigaBITS per second, a float32 is 4 "
         "bytes = 32 bits": compute + lat + ring * bits / 8,
         "you counted parameters as bytes: each fp32 parameter is 4 bytes":
@@ -123,11 +131,14 @@ def _judge(got: dict[int, dict[str, Any]], link: Link) -> str:
     off = [(n, c, said) for n, c, said in asked if not _near(said, _true(c, n, link))]
     if not off:
         shown = "; ".join(f"{n} ranks: predicted {r['said'][r['compute']] * 1e3:.1f} ms, "
-                          f"the simulator measured {r['measured'] * 1e3:.1f} ms"
-                          for n, r in got.items())
+                          f"the simulator measured {r['measured'] * 1e3:.1f} ms (the compute "
+                          f"in it, timed before and after: {r['compute'] * 1e3:.1f} and "
+                          f"{r['compute_again'] * 1e3:.1f} ms)" for n, r in got.items())
         return (f"Your formula gives the simulated link's time ({link.gbit_per_s:g} Gbit/s, "
-                f"{link.latency_ms:g} ms a message) at {len(asked)} inputs. On real ranks "
-                f"(a demonstration, timing noise included): {shown}.")
+                f"{link.latency_ms:g} ms a message) at {len(asked)} inputs. On real ranks, a "
+                f"demonstration: {shown}. The prediction uses the compute timed before, in "
+                "runs of its own; where the two computes differ, that is this machine's timing "
+                "noise, and it moves the measured step as much.")
     n, c, said = off[0]
     lead = (f"on {n} ranks with compute_s = {c * 1e3:.1f} ms you predicted {said * 1e3:.2f} "
             f"ms; the simulated link gives {_true(c, n, link) * 1e3:.2f} ms")

@@ -115,17 +115,22 @@ def _train_on_rank(fn: Callable, max_norm: float) -> dict[str, Any]:
     rec.watch_ddp(model, grads=False)  # one row per bucket all-reduce DDP makes
     dtypes: list[str] = []  # the dtype each forward's output was computed in
     model.module.net.register_forward_hook(lambda _m, _i, out: dtypes.append(str(out.dtype)))
+    synced: list[bool] = []  # per forward: did DDP prepare its backward to all-reduce?
+    model.register_forward_pre_hook(
+        lambda module, _args: synced.append(module.require_backward_grad_sync))
     stale = _watch_stale_grads(model)
     steps = []
     for step in range(STEPS):
         before, calls, forwards = len(optimizer.seen), len(scaler.calls), len(dtypes)
         stale.clear()
+        synced.clear()
         weights = state_snapshot(model.module)
         with rec.step(step):
             fn(model, optimizer, scaler, micro_batches(step, rank, world_size), max_norm)
         steps.append({"weights": weights, "grads": optimizer.seen[before:],
                       "calls": scaler.calls[calls:], "dtypes": dtypes[forwards:],
-                      "stale": stale[:1] == [True]})
+                      "stale": stale[:1] == [True],
+                      "synced_at": [i for i, flag in enumerate(synced) if flag]})
     comms = rec.telemetry().comms
     for step, record in enumerate(steps):
         record["allreduces"] = int((comms["step"] == step).sum())
@@ -195,18 +200,12 @@ def check_amp_step(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
 
 def _judge(results: list[dict[str, Any]], n: int, max_norm: float) -> None:
     where = f"on {n} ranks, "
+    for result in results:
+        for record in result["steps"]:
+            _judge_step_calls(record, where)
+    _judge_last_synced([result["steps"][0] for result in results], where)
     for rank, result in enumerate(results):
         for step, record in enumerate(result["steps"]):
-            _judge_calls(record["calls"], where)
-            _judge_autocast(record["dtypes"], where)
-            stepped = len(record["grads"])
-            if stepped != 1:
-                raise Rejected(f"{where}the optimizer stepped {stepped} times in one call: "
-                               "call scaler.step(optimizer) once, after the last micro-batch.")
-            if record["allreduces"] != 1:
-                raise Rejected(f"{where}DDP made {record['allreduces']} all-reduces in one "
-                               f"optimizer step of {K} micro-batches: run the first {K - 1} "
-                               "(forward and backward) inside model.no_sync() (lesson 07).")
             want = reference_grad(record["weights"], step, n, max_norm)
             here = where + f"rank {rank}, step {step}: "
             if record["stale"]:
@@ -214,7 +213,40 @@ def _judge(results: list[dict[str, Any]], n: int, max_norm: float) -> None:
                                "this step's first backward ran, so the new one was added to "
                                "it: call optimizer.zero_grad() once per optimizer step (after "
                                "scaler.update(), or at the start of the step).")
-            _judge_gradient(record["grads"][0], want, here, max_norm)
+            _judge_gradient(record["grads"][0], want, here, max_norm, n)
+
+
+def _judge_step_calls(record: dict[str, Any], where: str) -> None:
+    """One optimizer step's calls: the scaler's order, fp16 forwards, one optimizer step and
+    one all-reduce."""
+    _judge_calls(record["calls"], where)
+    _judge_autocast(record["dtypes"], where)
+    stepped = len(record["grads"])
+    if stepped != 1:
+        raise Rejected(f"{where}the optimizer stepped {stepped} times in one call: "
+                       "call scaler.step(optimizer) once, after the last micro-batch.")
+    if record["allreduces"] != 1:
+        raise Rejected(f"{where}DDP made {record['allreduces']} all-reduces in one "
+                       f"optimizer step of {K} micro-batches: run the first {K - 1} "
+                       "(forward and backward) inside model.no_sync() (lesson 07).")
+
+
+def _judge_last_synced(first: list[dict[str, Any]], where: str) -> None:
+    """The ranks must step with the same gradient; when they do not and the one synced
+    forward was not the last micro-batch's, name it (the all-reduce count was right)."""
+    grads = [record["grads"][0] for record in first]
+    apart = [rank for rank in range(1, len(grads))  # relative: these gradients are ~1e-7
+             if float((grads[rank] - grads[0]).norm()) > 1e-4 * float(grads[0].norm())]
+    synced = first[0]["synced_at"]
+    if not apart or not synced or synced[-1] == K - 1:
+        return
+    after = synced[-1] + 1
+    later = f"micro-batch {K}" if after + 1 == K else f"micro-batches {after + 1}-{K}"
+    raise Rejected(f"{where}rank 0's and rank {apart[0]}'s gradients differ at step 0: your "
+                   f"one all-reduce came with micro-batch {after} of {K} (its forward ran "
+                   f"outside no_sync()), and the backwards of {later} stayed on each rank. "
+                   "The micro-batch outside no_sync() must be the last one: its backward "
+                   f"all-reduces the sum of all {K}.")
 
 
 def _judge_autocast(dtypes: list[str], where: str) -> None:
@@ -253,7 +285,8 @@ def _judge_calls(calls: list[str], where: str) -> None:
         raise Rejected(f"{where}your scaler calls were {calls}; the order is {ORDER}.")
 
 
-def _judge_gradient(got: torch.Tensor, want: torch.Tensor, where: str, max_norm: float) -> None:
+def _judge_gradient(got: torch.Tensor, want: torch.Tensor, where: str, max_norm: float,
+                    n: int) -> None:
     nonzero, wanted = float((got != 0).double().mean()), float((want != 0).double().mean())
     if nonzero < 0.5 * wanted:
         raise Rejected(f"{where}{100 * nonzero:.0f}% of the gradients the optimizer stepped "
@@ -272,12 +305,17 @@ def _judge_gradient(got: torch.Tensor, want: torch.Tensor, where: str, max_norm:
                        f"max_norm = {max_norm:.3g}: clip with "
                        "nn.utils.clip_grad_norm_(model.parameters(), max_norm) after "
                        "unscale_.")
+    if n != K and abs(ratio - 1 / n) < 0.05 / n:
+        raise Rejected(f"{where}the gradient is {ratio:.2f} times the true one, 1/{n} on {n} "
+                       "ranks: DDP already averages the gradients over the ranks; divide "
+                       f"each micro-batch's loss by k = {K} only, not by the world size.")
     for factor in (K, 1 / K):
         if abs(ratio - factor) < 0.05 * factor:
             raise Rejected(f"{where}the gradient is {ratio:.2f} times the true one: divide "
                            f"each micro-batch's loss by k = {K} (and nothing else: DDP "
                            "averages over the ranks).")
     raise Rejected(f"{where}the gradient differs from the fp32 gradient by {error:.1e} "
-                   f"(relative; fp16 rounding stays below {TOLERANCE:g}): norm ratio "
-                   f"{ratio:.3g}. Compute each micro-batch's loss under "
-                   "torch.autocast('cpu', dtype=torch.float16), divided by k.")
+                   f"(relative; fp16 rounding stays below {TOLERANCE:g}), norm ratio "
+                   f"{ratio:.3g}, which none of the usual slips gives (a factor of k or of "
+                   "the world size, the scale left in, a missing clip, the wrong micro-batch "
+                   "synced). Compare your step with the lesson's amp_step call by call.")

@@ -70,21 +70,23 @@ RULES: dict[str, Callable[[torch.Tensor], bool]] = {
 
 
 def simulate(world_size: int, stop: Callable[[torch.Tensor], bool] = _mean,
+             grad_scale: float = 1.0, limit: int = STEPS,
              ) -> tuple[int, dict[str, torch.Tensor]]:
     """The steps and weights of DDP training stopped by `stop` (given every rank's loss),
     computed in one process: DDP's gradient is the mean of the ranks' gradients, the
-    gradient of the ranks' mean loss (equal batch sizes). The kernel's random state is kept."""
+    gradient of the ranks' mean loss (equal batch sizes). `grad_scale` multiplies the loss
+    each rank back-propagates; `limit` caps the batches. The kernel's random state is kept."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     data = [rank_batches(r, world_size) for r in range(world_size)]
     steps = 0
-    for i in range(STEPS):
+    for i in range(limit):
         losses = torch.stack([F.mse_loss(model(d[i][0]), d[i][1]) for d in data])
         if stop(losses.detach()):
             break
-        losses.mean().backward()
+        (losses.mean() * grad_scale).backward()
         optimizer.step()
         optimizer.zero_grad()
         steps += 1
@@ -134,7 +136,7 @@ def _judge(n: int, results: list) -> None:
     want_steps, want = simulate(n)
     got = steps[0]
     if got != want_steps:
-        raise Rejected(_steps_hint(n, got, want_steps))
+        raise Rejected(_steps_hint(n, got, want_steps, results[0][1]))
     bad = differing(results[0][1], want)
     if bad:
         raise Rejected(f"on {n} ranks you stopped after the right {got} steps, but the weights "
@@ -143,21 +145,40 @@ def _judge(n: int, results: list) -> None:
                        "loss only to decide.")
 
 
-def _steps_hint(n: int, got: int, want: int) -> str:
-    named = {rule: simulate(n, stop)[0] for rule, stop in RULES.items() if rule != "mean"}
+def _steps_hint(n: int, got: int, want: int, weights: dict[str, torch.Tensor]) -> str:
+    """Why the ranks stopped after `got` steps: a stopping rule or a training that gives both
+    that count and these weights is named; otherwise only what differs."""
+    def gives(steps_and_weights: tuple[int, dict[str, torch.Tensor]]) -> bool:
+        return steps_and_weights[0] == got and not differing(weights, steps_and_weights[1])
+
     base = (f"on {n} ranks every rank stopped after {got} steps; the loss averaged over all "
             f"ranks first falls below the target at step {want}, so {want} steps.")
-    if got == named["rank 0"] and got != named["sum"]:
-        return f"{base} {got} is where rank 0's own loss falls below it: decide on the mean " \
-               "over all ranks, not on one rank's loss."
-    if got == named["sum"]:
-        return (f"{base} {got} is where the sum, or the largest, of the ranks' losses falls "
-                "below it: decide on the mean: all_reduce with ReduceOp.SUM (the default), "
-                "then divide by dist.get_world_size(). A sum left undivided, or ReduceOp.MAX, "
-                "is not the mean.")
-    if abs(got - want) == 1:
-        return (f"{base} One step off: check the loss before loss.backward() and "
-                "optimizer.step(), and count only the steps you took.")
-    return (f"{base} No simple stopping rule gives {got}: the training itself went another "
-            "way. Back-propagate each rank's own loss, unscaled (DDP averages the gradients), "
-            "step once per batch, and use the averaged loss only to decide.")
+    if gives(simulate(n, RULES["sum"])) or gives(simulate(n, RULES["max"])):
+        return (f"{base} {got} steps, with these weights, is where the sum, or the largest, of "
+                "the ranks' losses falls below it: decide on the mean: all_reduce with "
+                "ReduceOp.SUM (the default), then divide by dist.get_world_size(). A sum left "
+                "undivided, or ReduceOp.MAX, is not the mean.")
+    if gives(simulate(n, RULES["rank 0"])):
+        return (f"{base} {got} is where rank 0's own loss falls below it: decide on the mean "
+                "over all ranks, not on one rank's loss.")
+    for scale, what in ((1 / n, f"1/{n} of DDP's: you back-propagated the loss divided by "
+                         "the world size (an all-reduce on the way adds no gradient)"),
+                        (n, f"{n} times DDP's: you back-propagated the loss times the world "
+                            "size")):
+        if gives(simulate(n, grad_scale=scale)):
+            return (f"{base} You decided on the mean, but your weights are those of gradients "
+                    f"{what}. DDP already averages the gradients: back-propagate each rank's "
+                    "own loss, unscaled, and all-reduce a detached copy "
+                    "(loss.detach().clone()) to decide.")
+    if gives(simulate(n, lambda _losses: False, limit=got)):
+        off = f"{abs(got - want)} {'more' if got > want else 'fewer'}"
+        return (f"{base} {'One step off: y' if abs(got - want) == 1 else 'Y'}ou trained {got} "
+                f"steps on the right gradients, {off} than the mean allows: check the "
+                "averaged loss of a batch before its loss.backward() and optimizer.step().")
+    if not differing(weights, simulate(n)[1]):
+        return (f"{base} Your weights are right after {want} steps: count only the optimizer "
+                "steps you took.")
+    return (f"{base} Your step count and your weights differ from every simple stopping rule: "
+            "the training itself went another way. Back-propagate each rank's own loss, "
+            "unscaled (DDP averages the gradients), step once per batch, and use an averaged "
+            "copy only to decide.")
