@@ -1,10 +1,12 @@
 """Every way a rank can fail ends in one clear DistributedError, with no worker left."""
 
 import os
+import re
 import signal
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import psutil
@@ -15,6 +17,7 @@ from procs import alive
 
 from course_lib import DistributedError, launch
 from course_lib.launching import launcher
+from course_lib.launching.headline import headline_first
 from course_lib.launching.payload import UnpicklableError
 
 
@@ -235,22 +238,80 @@ def test_a_notebook_function_that_sets_cudnn_flags_launches():
     assert run.results == [True, True]
 
 
-def _collects_then_hangs():
-    from course_lib.collectors import register_collector
-
-    steps = []
-    register_collector("steps", lambda: list(steps))
-    steps.append(dist.get_rank())
-    if dist.get_rank() == 0:
-        dist.all_reduce(torch.ones(1))  # blocks: rank 1 never comes
-    while True:
-        time.sleep(0.05)
+def _rank_0_returns_rank_1_raises():
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 failed")
+    return {"rank": 0}
 
 
-def test_a_stopped_rank_s_collector_data_comes_back():
-    """The launcher asks a rank it stops for its last words: a hung rank sends no result,
-    yet Run.extras holds its collectors' data (rank 0 blocked inside gloo, rank 1 in Python)."""
+def test_a_failed_launch_keeps_the_results_of_the_ranks_that_returned():
     with pytest.raises(DistributedError) as info:
-        launch(_collects_then_hangs, 2, timeout=4, pg_timeout=30, backend="gloo", echo=False)
-    assert info.value.timed_out
-    assert info.value.run.extras == [{"steps": [0]}, {"steps": [1]}]
+        launch(_rank_0_returns_rank_1_raises, 2, backend="gloo", echo=False)
+    assert info.value.run.results == [{"rank": 0}, None]
+    assert info.value.run.returned == [0]
+    assert launch(lambda: None, 2, backend="gloo", echo=False).returned == [0, 1]
+
+
+# -- how IPython shows the error (issue 36: read it from the top) ------------------------------
+
+def test_in_ipython_the_error_reads_from_its_headline_down():
+    """IPython renders _render_traceback_(): the headline, the root cause's traceback, the
+    desync table, the other ranks, then the line that called launch; no launcher frame."""
+    with pytest.raises(DistributedError) as info:
+        launch(_fails_on_rank_1, 2, backend="gloo", echo=False)
+    err = info.value
+    shown = err._render_traceback_()
+    assert shown[0] == f"DistributedError: {err.headline.splitlines()[0]}"
+    text = "\n".join(shown)
+    order = ["--- rank 1: ValueError", "Desync report", "--- rank 0:", "Raised from your code:",
+             "launch(_fails_on_rank_1, 2"]
+    assert [text.index(part) for part in order] == sorted(text.index(p) for p in order)
+    assert "course_lib" + os.sep not in text  # the launcher's frames: none
+    plain = "".join(traceback.format_exception(err))  # scripts and pytest: the whole story
+    assert os.path.join("launching", "launcher.py") in plain
+
+
+def test_headline_first_shows_any_error_from_its_message_and_the_learner_s_line():
+    def check_stub():
+        raise headline_first(NotImplementedError("f() is not written yet: replace its TODO"))
+
+    with pytest.raises(NotImplementedError) as info:
+        check_stub()
+    shown = info.value._render_traceback_()
+    assert shown[0] == "NotImplementedError: f() is not written yet: replace its TODO"
+    assert any("raise headline_first(" in line for line in shown)
+
+
+def not_read_from_the_top(output: dict) -> str:
+    """Why an executed cell's error output does not start with its headline ("" when it
+    does, or when no course_lib frame is shown at all: an error of torch's in the cell)."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(output["traceback"])).splitlines()
+    headline = f"{output['ename']}: {str(output['evalue']).splitlines()[0]}"
+    if lines[:1] == [headline] or not any("course_lib" + os.sep in ln for ln in lines):
+        return ""
+    return f"its first line is {lines[0]!r}, not {headline!r}"
+
+
+FAILING_CELLS = {
+    "exception": 'def train():\n    if dist.get_rank() == 1:\n        raise ValueError("bad")\n'
+                 '    dist.all_reduce(torch.ones(1))\n\nlaunch(train, 2, backend="gloo")',
+    "timeout": "import time\n\ndef stuck():\n    time.sleep(60)\n\n"
+               'launch(stuck, 2, timeout=3, backend="gloo")',
+}
+
+
+@pytest.mark.kernel
+def test_an_executed_notebook_s_launch_errors_start_with_their_headline():
+    import nbformat
+    from nbclient import NotebookClient
+
+    cells = [nbformat.v4.new_code_cell("import torch, torch.distributed as dist\n"
+                                       "from course_lib import launch")]
+    cells += [nbformat.v4.new_code_cell(code, metadata={"tags": ["raises-exception"]})
+              for code in FAILING_CELLS.values()]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    errors = [o for cell in nb.cells[1:] for o in cell.outputs if o.output_type == "error"]
+    assert [e.ename for e in errors] == ["DistributedError"] * len(FAILING_CELLS)
+    assert [not_read_from_the_top(e) for e in errors] == [""] * len(errors)
+    assert "Cell In[" in "\n".join(errors[0].traceback)  # the cell's line, named as IPython does

@@ -30,7 +30,7 @@ def name_cells(traceback_text: str) -> str:
     """In a traceback, 'File "/tmp/ipykernel_7/123.py", line 5' -> 'Cell In[4], line 5', as
     the kernel's own tracebacks show it; other frames unchanged."""
 
-    def rename(match: re.Match) -> str:
+    def rename(match: re.Match[str]) -> str:
         named = _ipython_name(match["file"])
         return f"{named}, line {match['line']}" if named else match[0]
 

@@ -27,7 +27,7 @@ def dump(path: str) -> None:
     """Write the recorder's pickled trace to `path` atomically (the kernel unpickles it
     only when the launch fails). Never raises: the report is a help, not the result."""
     try:
-        data = torch._C._distributed_c10d._dump_fr_trace()
+        data = torch._C._distributed_c10d._dump_fr_trace()  # type: ignore[attr-defined]
         tmp = f"{path}.{threading.get_ident()}.tmp"  # the watcher and the main thread apart
         with open(tmp, "wb") as f:
             f.write(data)

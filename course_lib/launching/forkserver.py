@@ -20,7 +20,7 @@ from multiprocessing import context, popen_forkserver, spawn
 from multiprocessing.connection import Connection
 from typing import Any
 
-from course_lib.launching.rank_main import WorkerSpec, run_worker
+from course_lib.launching.rank_main import ErrorReport, WorkerSpec, run_worker
 from course_lib.launching.rank_record import STOP_SIGNAL
 
 # What the forkserver imports once, so that no rank imports it again. The rank's own code,
@@ -112,7 +112,7 @@ class _Popen(popen_forkserver.Popen):
     def _launch(self, process_obj: Any) -> None:
         _without_main.on = True  # for this thread only: the warm-up runs beside the kernel
         try:
-            super()._launch(process_obj)
+            super()._launch(process_obj)  # type: ignore[misc]  # not in typeshed's Popen
         finally:
             _without_main.on = False
 
@@ -121,7 +121,7 @@ _without_main = threading.local()
 _preparation_data = spawn.get_preparation_data
 
 
-def _preparation_data_for_thread(name: str) -> dict:
+def _preparation_data_for_thread(name: str) -> dict[str, Any]:
     """multiprocessing's preparation data, less the main module for our own starts."""
     data = _preparation_data(name)
     if getattr(_without_main, "on", False):
@@ -151,8 +151,8 @@ class Worker:
     pending: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
     output: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-    result: bytes | None = None
-    error: dict | None = None
+    result: tuple[bytes, bytes] | None = None  # (return value, extras), pickled apart
+    error: ErrorReport | None = None
     exitcode: int | None = None
     stopped: str = ""  # "timeout" or "stopped" when the launcher ended it
     stack: str = ""

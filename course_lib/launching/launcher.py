@@ -12,7 +12,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
@@ -50,8 +50,8 @@ PG_TIMEOUT_MAX_S = 30.0
 def launch(
     fn: Callable[..., Any],
     world_size: int = 2,
-    args: tuple = (),
-    kwargs: dict | None = None,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
     timeout: float = 60,
     backend: str = "auto",
     env: dict[str, str] | None = None,
@@ -229,7 +229,7 @@ def _failed(w: Worker) -> bool:
 
 
 @contextmanager
-def _sigint_deferred():
+def _sigint_deferred() -> Iterator[None]:
     """Hold a Ctrl-C that arrives during cleanup until cleanup is done, so no worker is
     left behind; then raise it. (Python handles signals in the main thread only.)"""
     if threading.current_thread() is not threading.main_thread():

@@ -33,9 +33,10 @@ def run_cell_body(source: str, filename: str, namespace: dict[str, Any]) -> Any:
 
 def _split_last_expression(source: str) -> tuple[ast.Module, ast.Expression | None]:
     tree = ast.parse(source)
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-        return tree, last
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        tree.body.pop()
+        return tree, ast.Expression(last.value)
     return tree, None
 
 
@@ -90,11 +91,12 @@ class DDPMagics(Magics):
         env = dict(_parse_env(item) for item in opts.env)
         filename = f"<%%ddp cell {next(_cells)}>"
         linecache.cache[filename] = (len(cell), None, cell.splitlines(True), filename)
-        namespace = capture_namespace(cell, self.shell.user_ns)
+        user_ns = self.shell.user_ns if self.shell is not None else {}  # always a shell's
+        namespace = capture_namespace(cell, user_ns)
         run = launch(run_cell_body, opts.nproc, args=(cell, filename, namespace),
                      timeout=opts.timeout, backend=opts.backend, env=env)
         if opts.out:
-            self.shell.user_ns[opts.out] = run
+            user_ns[opts.out] = run
         _, last = _split_last_expression(cell)
         return run.results if last else None
 

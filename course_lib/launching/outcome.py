@@ -22,7 +22,7 @@ from course_lib.launching.errors import (
     root_cause_first,
 )
 from course_lib.launching.forkserver import Worker
-from course_lib.launching.rank_main import LAUNCH_DIR
+from course_lib.launching.rank_main import LAUNCH_DIR, ErrorReport
 from course_lib.launching.run import LogLine, Run
 
 OUTPUT_TAIL_LINES = 8
@@ -38,7 +38,7 @@ def outcome(workers: list[Worker], logs: list[LogLine], wall_time: float, timeou
     run = Run(world_size=spec.world_size, backend=spec.backend, logs=logs, wall_time=wall_time)
     failures = [f for f in (_failure(w, timeout) for w in workers) if f]
     for w in workers:
-        value, sent = w.result or (None, (w.error or {}).get("extras"))
+        value, sent = w.result or (None, w.error.get("extras") if w.error else None)
         returned, result = _result(w.rank, value, failed=bool(failures))
         run.results.append(result)
         run.returned += [w.rank] if returned else []
@@ -53,7 +53,7 @@ def outcome(workers: list[Worker], logs: list[LogLine], wall_time: float, timeou
 def _failure(w: Worker, timeout: float) -> RankFailure | None:
     """What went wrong on one rank, or None if it returned."""
     tail = w.output[-OUTPUT_TAIL_LINES:]
-    common = dict(rank=w.rank, output_tail=tail, time=w.event_time)
+    common: dict[str, Any] = dict(rank=w.rank, output_tail=tail, time=w.event_time)
     stack = name_cells(annotate_stack(w.stack, LAUNCH_DIR)) if w.stack else ""
     if w.error is not None:
         kind, summary = "exception", f"{w.error['type']}: {w.error['message']}"
@@ -134,7 +134,7 @@ def _inside(failure: RankFailure | None, calls: list[desync_report.Call]) -> boo
     return failure.kind == "exception" and is_collective_error(failure.message)
 
 
-def _exit_failure(exitcode: int | None, common: dict) -> RankFailure:
+def _exit_failure(exitcode: int | None, common: dict[str, Any]) -> RankFailure:
     """A rank that ended without a result or an error message: a signal or an exit code."""
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name
@@ -162,7 +162,7 @@ def _result(rank: int, value: bytes | None, failed: bool) -> tuple[bool, Any]:
         return False, None
 
 
-def _traceback_text(error: dict) -> str:
+def _traceback_text(error: ErrorReport) -> str:
     """The rank's traceback with notebook cells named, or the best text it sent instead."""
     if error.get("traceback"):
         try:

@@ -8,7 +8,7 @@ import io
 import marshal
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
@@ -18,14 +18,14 @@ class UnpicklableError(TypeError):
     """Something the ranks need cannot be sent to them; raised before any worker starts."""
 
 
-def _code_by_marshal(code: types.CodeType) -> tuple:
+def _code_by_marshal(code: types.CodeType) -> tuple[Callable[[bytes], Any], tuple[bytes]]:
     """A code object exactly as compiled: its file name (a notebook cell's) and line table
     kept, so a rank's traceback can show the learner's line. cloudpickle 3.1.3 renames
     every file '<dynamic-code>'. The ranks run this same interpreter, so marshal fits."""
     return marshal.loads, (marshal.dumps(code),)
 
 
-class CoursePickler(cloudpickle.Pickler):
+class CoursePickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle has no types
     """cloudpickle, plus: code keeps its file name, and a module object that Python keeps
     in sys.modules (torch.backends.cudnn is an instance of a module subclass) goes by
     reference, so a function may set torch.backends.cudnn.deterministic."""
@@ -34,9 +34,10 @@ class CoursePickler(cloudpickle.Pickler):
         {types.CodeType: _code_by_marshal})
 
     def reducer_override(self, obj: Any) -> Any:
+        name = getattr(obj, "__name__", None)
         if (isinstance(obj, types.ModuleType) and type(obj) is not types.ModuleType
-                and sys.modules.get(getattr(obj, "__name__", None)) is obj):
-            return importlib.import_module, (obj.__name__,)
+                and isinstance(name, str) and sys.modules.get(name) is obj):
+            return importlib.import_module, (name,)
         return super().reducer_override(obj)
 
 
@@ -47,7 +48,7 @@ def dumps(obj: Any) -> bytes:
         return buffer.getvalue()
 
 
-def pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
+def pack(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     """Pickle (fn, args, kwargs): notebook functions, classes and globals go by value."""
     try:
         return dumps((fn, args, kwargs))
@@ -61,7 +62,7 @@ def pack(fn: Callable, args: tuple, kwargs: dict) -> bytes:
         ) from None
 
 
-def find_culprit(fn: Callable, args: tuple, kwargs: dict) -> str:
+def find_culprit(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """Name the first argument, global or closure variable that fails to pickle."""
     for name, value in _candidates(fn, args, kwargs):
         try:
@@ -71,7 +72,8 @@ def find_culprit(fn: Callable, args: tuple, kwargs: dict) -> str:
     return f"the function {getattr(fn, '__name__', fn)!r}"
 
 
-def _candidates(fn: Callable, args: tuple, kwargs: dict):
+def _candidates(fn: Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     for i, value in enumerate(args):
         yield f"argument {i}", value
     for key, value in kwargs.items():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import faulthandler
 import functools
 import gc
+import io
 import multiprocessing
 import os
 import shutil
@@ -19,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypedDict
 
 import cloudpickle
 import torch
@@ -44,6 +45,17 @@ class WorkerSpec:
     stack_path: str
     flight_path: str = ""  # where the flight recorder is dumped; "" when it is off
     extras_path: str = ""  # its collectors' last words, and its journal beside (rank_record)
+
+
+class ErrorReport(TypedDict, total=False):
+    """What a rank that raised sends home: the exception's type name and message, its
+    pickled TracebackException (or, when that fails, the traceback as text) and extras."""
+
+    type: str
+    message: str
+    traceback: bytes | None
+    text: str
+    extras: bytes
 
 
 def run_worker(
@@ -128,7 +140,7 @@ def _send_error(messages: Connection, exc: BaseException, extras: bytes | None =
     tbe.stack = traceback.StackSummary.from_list(
         [f for f in tbe.stack if not f.filename.startswith(LAUNCH_DIR)]
     )
-    info = {"type": type(exc).__name__, "message": str(exc), "traceback": None}
+    info: ErrorReport = {"type": type(exc).__name__, "message": str(exc), "traceback": None}
     try:
         info["traceback"] = dumps(tbe)
     except Exception:  # noqa: BLE001 - an odd exception class: fall back to text
@@ -177,8 +189,9 @@ def _redirect_output(stdout_w: Connection, stderr_w: Connection) -> None:
     os.dup2(stderr_w.fileno(), 2)
     stdout_w.close()
     stderr_w.close()
-    sys.stdout.reconfigure(line_buffering=True)
-    sys.stderr.reconfigure(line_buffering=True)
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):  # always, in a rank; for the type checker
+            stream.reconfigure(line_buffering=True)
 
 
 def _exit_when_kernel_dies(alive_r: Connection, launch_dir: str) -> None:

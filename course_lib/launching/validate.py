@@ -16,7 +16,7 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_
 
 def check_launch_args(
     fn: Any, world_size: Any, args: Any, kwargs: Any, timeout: Any, env: Any
-) -> tuple[tuple, dict, dict[str, str]]:
+) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, str]]:
     """Validate launch() arguments; return args, kwargs and env in their canonical form."""
     if not callable(fn):
         raise TypeError(f"launch() needs a function to run on every rank, got {fn!r}.")
