@@ -1,10 +1,13 @@
 """This node on the network, torch-free: its interfaces (which one gloo would bind to,
-loopback's name, which one holds an address), and, before a multi-node launch, whether
-another node reaches this one's port and this node reaches it back.
+loopback's name, which one holds an address), free ports, the sockets a process holds, and,
+before a multi-node launch, whether another node reaches this one's port and this node
+reaches it back.
 
     network_interfaces()      # each interface, its IPv4 address, the one gloo would use
     loopback_interface()      # "lo" on Linux, "lo0" on macOS: where the launcher's ranks talk
     interface_of("10.0.0.5")  # the interface that holds an address
+    free_port(), free_ports(2)              # ports nobody listens on now (MASTER_PORT, endpoints)
+    non_loopback(socket_addresses(pid))     # a process's sockets outside loopback
 
 On node 0:      python -m course_lib doctor --listen 29500
 On each other:  python -m course_lib doctor --peer node0:29500
@@ -13,11 +16,12 @@ The peer connects to HOST:PORT, names a port it listens on (on the address it us
 the listener connects back to it: both directions that gloo's full mesh needs. A failure
 names the problem (unknown host, nothing listening, no answer) instead of a hang at start-up.
 psutil is imported only where it is used: the launcher imports this module for
-loopback_interface alone.
+loopback_interface and free_port alone.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import sys
@@ -63,6 +67,40 @@ def loopback_interface() -> str:
 def interface_of(ip: str) -> str:
     """The name of the interface that holds `ip` ("?" when none is found)."""
     return next((name for name, ips in _ipv4_addresses().items() if ip in ips), "?")
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """`n` different TCP ports that nobody listens on now on 127.0.0.1 (the OS picks them),
+    for MASTER_PORT and rendezvous endpoints. All are held until all are chosen, so none
+    repeats; the caller only passes the numbers on, as torchrun does."""
+    held = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in held:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port() -> int:
+    """One TCP port that nobody listens on now."""
+    return free_ports(1)[0]
+
+
+def socket_addresses(pid: int | None = None) -> list[tuple[str, str, int]]:
+    """(status, local ip, local port) for every inet socket the process holds (default:
+    this one): the proof that a launch's ranks stay on loopback."""
+    import psutil
+
+    proc = psutil.Process(pid)
+    return [(c.status, c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+            if c.laddr]
+
+
+def non_loopback(addresses: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+    """The sockets bound to an address other than 127.0.0.0/8 or ::1 (wildcards included)."""
+    return [a for a in addresses if not ipaddress.ip_address(a[1].split("%")[0]).is_loopback]
 
 
 def _ipv4_addresses() -> dict[str, list[str]]:

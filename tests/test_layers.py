@@ -137,12 +137,12 @@ def test_no_circle_even_through_type_hints():
 # What each part of the package may import (CONTRIBUTING.md, "How the pieces fit"): layers
 # below it only. `__main__` reaches its commands through importlib, inside main().
 MAY_IMPORT = {
-    "protocol": set(), "collectors": set(), "wrappers": set(),
-    "launching": {"collectors", "network"},
-    "telemetry": {"collectors", "wrappers"},
+    "protocol": set(), "collectors": set(), "wrappers": set(), "devices": set(),
+    "launching": {"collectors", "network", "devices"},
+    "telemetry": {"collectors", "wrappers", "devices"},
     "plots": {"telemetry"},
-    "teach": {"protocol", "wrappers", "launching", "telemetry", "plots", "network"},
-    "checks": {"protocol", "wrappers", "launching", "telemetry", "teach", "xray"},
+    "teach": {"protocol", "wrappers", "launching", "telemetry", "plots", "network", "devices"},
+    "checks": {"protocol", "wrappers", "launching", "telemetry", "teach", "xray", "devices"},
     "authoring": {"protocol", "pitfalls"},
     "network": set(), "export": set(),
     "doctor": {"launching", "network"},

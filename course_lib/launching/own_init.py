@@ -15,9 +15,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+
+from course_lib import devices
 
 real_init_process_group = c10d.init_process_group
 real_destroy_process_group = c10d.destroy_process_group
@@ -55,10 +56,11 @@ def init_process_group(backend: Any = None, init_method: str | None = None,
         _note(f"kept the launch's process group ({dist.get_backend()}, {_group.world_size} "
               "ranks); your MASTER_ADDR, MASTER_PORT and init_method are not used")
         return
-    if wanted == "nccl" and torch.cuda.device_count() < _group.world_size:
+    gpus = devices.visible_gpus()
+    if wanted == "nccl" and devices.backend_for(_group.world_size, gpus) != "nccl":
         raise RuntimeError(
             f"this code asks for the NCCL backend, which needs one GPU per rank: "
-            f"{_group.world_size} ranks, {torch.cuda.device_count()} GPU(s) here. On the CPU, "
+            f"{_group.world_size} ranks, {gpus} GPU(s) here. On the CPU, "
             'use dist.init_process_group("gloo") (or no backend argument).')
     if dist.is_initialized():
         real_destroy_process_group()

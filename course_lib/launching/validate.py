@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import torch
+from course_lib import devices
 
 BACKENDS = ("auto", "gloo", "nccl")
 MAX_CPU_RANKS = max(16, 2 * (os.cpu_count() or 1))
@@ -68,26 +68,29 @@ def check_env(env: Any) -> dict[str, str]:
     return clean
 
 
-def choose_backend(backend: Any, world_size: int) -> str:
-    """Resolve "auto": NCCL with one GPU per rank when there are enough GPUs, else gloo.
+def choose_backend(backend: Any, world_size: int, env: Mapping[str, str] | None = None) -> str:
+    """Resolve "auto" by the course's rule (course_lib.devices): NCCL when the ranks see a GPU
+    each, with the launch's `env` applied (CUDA_VISIBLE_DEVICES="" hides every GPU), else gloo.
 
-    When "auto" falls back to gloo although the machine has GPUs (fewer than ranks), one
-    line says so, so that a learner on a 1-GPU machine knows why the ranks run on the CPU.
-    A machine without GPUs says nothing: gloo is the only choice there.
+    When "auto" falls back to gloo although the ranks see GPUs (fewer than ranks), one line
+    says so, so that a learner on a 1-GPU machine knows why the ranks run on the CPU. Ranks
+    without GPUs say nothing: gloo is the only choice there.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}.")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = devices.visible_gpus(dict(env or {}))
+    where = ("this launch's env leaves its ranks" if "CUDA_VISIBLE_DEVICES" in (env or {})
+             else "this machine has")
     if backend == "auto":
-        if gpus >= world_size:
-            return "nccl"
-        if gpus:
+        chosen = devices.backend_for(world_size, gpus)
+        if chosen == "gloo" and gpus:
             print(f"backend='auto': gloo on the CPU, because {world_size} ranks need "
-                  f"{world_size} GPUs for NCCL and this machine has {gpus}.")
-        return "gloo"
-    if backend == "nccl" and gpus < world_size:
+                  f"{world_size} GPUs for NCCL and {where} {gpus}.")
+        return chosen
+    if backend == "nccl" and devices.backend_for(world_size, gpus) != "nccl":
         raise ValueError(
-            f"backend='nccl' needs one GPU per rank: {world_size} ranks, {gpus} GPU(s) here. "
-            "Use backend='gloo' (CPU) or backend='auto', which picks gloo when GPUs are short."
+            f"backend='nccl' needs one GPU per rank: {world_size} ranks, and {where} "
+            f"{gpus} GPU(s). Use backend='gloo' (CPU) or backend='auto', which picks gloo "
+            "when GPUs are short."
         )
     return backend

@@ -12,6 +12,7 @@ from typing import Any
 
 from torch import nn
 
+from course_lib import devices
 from course_lib.telemetry.clock import now
 
 MIB = 2**20
@@ -22,18 +23,23 @@ DEFAULT_FIRST_BUCKET_MB = 1.0
 
 def timed_backward(rec: Any, model: nn.Module, loss: Any) -> None:
     """loss.backward(), recorded as two spans: "backward" until the last parameter's
-    gradient is computed, then "wait for all-reduce" until backward returns."""
-    ready: list[float] = []
-    handles = [p.register_post_accumulate_grad_hook(lambda _: ready.append(now()))
+    gradient is computed, then "wait for all-reduce" until backward returns. On a GPU, the
+    edges wait for the queued work, and each gradient's time is a CUDA event where it was
+    accumulated (devices.timestamp), so the spans show when the work ran."""
+    ready: list[Any] = []
+    handles = [p.register_post_accumulate_grad_hook(
+                   lambda _: ready.append(devices.timestamp(now)))
                for p in model.parameters() if p.requires_grad]
+    devices.wait_for_gpu()
     start = now()
     try:
         loss.backward()
     finally:
         for handle in handles:
             handle.remove()
+    devices.wait_for_gpu()
     end = now()
-    last = max(ready, default=end)
+    last = max(map(float, ready), default=end)
     rec.record_row("spans", rec.current_step, "backward", start, last)
     rec.record_row("spans", rec.current_step, "wait for all-reduce", last, end)
 
@@ -110,19 +116,17 @@ def bucket_explorer(layouts: dict[Any, dict[str, Any]]):
     import ipywidgets as widgets
     from IPython.display import display
 
+    from course_lib.plots.explore import redrawn_below
+
     display(plot_bucket_layouts(layouts))
     caps = {_label(c): c for c in layouts}  # labels as values: None is not a slider value
     slider = widgets.SelectionSlider(options=list(caps),
                                      description="bucket_cap_mb",
                                      style={"description_width": "initial"},
                                      layout=widgets.Layout(width="420px"))
-    out = widgets.Output()
 
-    def redraw(_: object = None) -> None:
-        with out:
-            out.clear_output(wait=True)
-            display(plot_bucket_layout(layouts, caps[slider.value]))
+    def draw():
+        return plot_bucket_layout(layouts, caps[slider.value])
 
-    slider.observe(redraw, "value")
-    redraw()
-    return widgets.VBox([slider, out])
+    display(draw())
+    return widgets.VBox([slider, redrawn_below(draw, slider)])

@@ -9,13 +9,15 @@ import re
 import selectors
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from course_lib import devices
+from course_lib.network import free_port, free_ports  # noqa: F401 - lesson 14 imports them here
 
 # torchrun as this kernel's Python runs it: the course's virtual environment, whatever PATH says.
 TORCHRUN = f"{shlex.quote(sys.executable)} -m torch.distributed.run"
@@ -49,31 +51,11 @@ class Job:
         return "\n".join(self.lines)
 
 
-def free_ports(n: int = 1) -> list[int]:
-    """`n` different TCP ports that nobody listens on now (the OS picks them), for
-    rendezvous endpoints. All are held until all are chosen, so none repeats."""
-    held = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in held:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
-def free_port() -> int:
-    """One TCP port that nobody listens on now."""
-    return free_ports(1)[0]
-
-
 def node_gpus(node: int, nodes: int) -> dict[str, str]:
     """CUDA_VISIBLE_DEVICES for "node" `node` of `nodes` simulated on this machine: GPU
     `node` when there is one per node, else none. Two nodes on one machine would otherwise
     both see GPU 0 as cuda:0 (LOCAL_RANK 0 on each) and NCCL refuses two ranks on one GPU."""
-    import torch
-
-    return {"CUDA_VISIBLE_DEVICES": str(node) if torch.cuda.device_count() >= nodes else ""}
+    return {"CUDA_VISIBLE_DEVICES": str(node) if devices.visible_gpus() >= nodes else ""}
 
 
 def start(command: str | Sequence[str], label: str = "torchrun",

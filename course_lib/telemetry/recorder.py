@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from course_lib import devices
 from course_lib.telemetry import batchnorm, comm, transport
 from course_lib.telemetry.clock import now
 from course_lib.telemetry.columns import COLUMNS
@@ -57,7 +58,8 @@ class Recorder:
         return self.span("step")
 
     def span(self, name: str) -> AbstractContextManager[None]:
-        """Time the block as a span called `name`, on a clock all ranks of a machine share."""
+        """Time the block as a span called `name`, on a clock all ranks of a machine share
+        (on a GPU, each edge first waits for the work queued before it)."""
         return _Span(self, name) if self.enabled else nullcontext()
 
     def scalar(self, name: str, value: float | torch.Tensor, step: int | None = None) -> None:
@@ -158,9 +160,11 @@ class _Span:
         self.rec, self.name = rec, name
 
     def __enter__(self) -> None:
+        devices.wait_for_gpu()  # on a GPU, the edges are when the work ran, not was queued
         self.step, self.start = self.rec.current_step, now()
 
     def __exit__(self, *exc: object) -> None:
+        devices.wait_for_gpu()
         self.rec.record_row("spans", self.step, self.name, self.start, now())
 
 
@@ -171,6 +175,9 @@ def _rank_and_world_size() -> tuple[int, int]:
 
 
 def _plain(value: Any) -> Any:
+    """A tensor as a number or list; a GPU timestamp (devices.GpuTime) as its seconds."""
+    if isinstance(value, devices.GpuTime):
+        return float(value)
     return value.tolist() if isinstance(value, torch.Tensor) else value
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from course_lib import devices
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
     Rejected,
@@ -45,9 +46,7 @@ RUNS = (("one node", 3), ("two nodes", 2))
 # under load 5-7 (torchrun and every worker import torch); 120 s leaves 8x.
 TORCHRUN_TIMEOUT = 120.0
 ENV = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "CUDA_VISIBLE_DEVICES": ""}
-NCCL_HINT = ("the NCCL backend needs a GPU for each process of the node, and this check's "
-             "nodes have none: choose 'nccl' only when int(os.environ['LOCAL_WORLD_SIZE']) "
-             "<= torch.cuda.device_count(), else 'gloo'")
+NCCL_HINT = f"NCCL needs a GPU for each process, and this check's nodes have none: {devices.RULE}"
 
 # PyTorch's error texts in the workers' output, with what they mean for a main().
 KNOWN = [
