@@ -313,12 +313,13 @@ def sleepy_notebook(path: Path, seconds: float) -> Path:
 @pytest.mark.kernel  # starts a Jupyter kernel
 def test_a_notebook_killed_at_a_small_cap_names_the_cell_and_keeps_what_ran(tmp_path):
     nb = sleepy_notebook(tmp_path / "sleepy.ipynb", 600)
-    record = runner.run_one(nb, time.monotonic() + 20, stall_s=4)
+    # The cap counts from the start, kernel start included: 40 s leaves it 30 s at load 25+.
+    record = runner.run_one(nb, time.monotonic() + 40, stall_s=15)
     assert not record["ok"]
     assert record["first_error"].startswith("killed at the check's time cap in cell 3 "
                                             "(running "), record
     assert "`def waits_in_cell_three():`); stacks: sleepy.stacks.txt" in record["first_error"]
-    assert record["stalls"] and record["stalls"][0]["cell"] == 3
+    assert 3 in [stall["cell"] for stall in record["stalls"]]
     stacks = Path(record["stacks"]).read_text()
     assert "killed at the cap" in stacks and "waits_in_cell_three" in stacks
     saved = nbformat.read(nb, as_version=4)
@@ -338,7 +339,8 @@ def test_a_stall_is_dumped_from_faulthandler_and_the_run_goes_on(tmp_path):
                            "--no-py-spy"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     events = nbwatch.read_events(nbwatch.events_path(nb))
-    assert [e["cell"] for e in events if e["event"] == "stall"][0] == 3
+    # Under load the kernel's start may be a stall too: the watchdog counts from the start.
+    assert 3 in [e["cell"] for e in events if e["event"] == "stall"]
     assert [(n, end is not None) for n, _, end in nbwatch.cell_spans(events)] == [
         (2, True), (3, True), (4, True)]
     stacks = nbwatch.stacks_path(nb).read_text()

@@ -266,10 +266,11 @@ def watchdog(client: WatchedClient, stall_s: float, cap_s: float | None, stacks:
     dumps, seen = 0, events.last_progress
     while not done.wait(1.0):
         cell = events.cell
+        where = f"in cell {cell}" if cell else "outside any cell (kernel start, or between cells)"
         if cap_s is not None and time.monotonic() - start >= cap_s:
             events.write("killed", cell=cell, why=f"the cap ({cap_s:g} s)")
-            dump_stacks(os.getpid(), stacks, f"killed at the cap ({cap_s:g} s) in cell {cell}",
-                        pyspy, native)
+            dump_stacks(os.getpid(), stacks, f"killed at the cap ({cap_s:g} s) {where}", pyspy,
+                        native)
             if client.kernel_pid():
                 kill_tree(client.kernel_pid())
             if not done.wait(30):  # nbclient did not notice: end anyway, notebook unsaved
@@ -282,8 +283,8 @@ def watchdog(client: WatchedClient, stall_s: float, cap_s: float | None, stacks:
         if idle >= stall_s * (dumps + 1):
             dumps += 1
             events.write("stall", cell=cell, idle=round(idle, 1))
-            dump_stacks(os.getpid(), stacks, f"no progress for {idle:.0f} s in cell {cell}",
-                        pyspy, native)
+            dump_stacks(os.getpid(), stacks, f"no progress for {idle:.0f} s {where}", pyspy,
+                        native)
 
 
 def run(notebook: Path, out: Path | None = None, stall_s: float = 60.0,
