@@ -158,17 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.junit) != bool(args.ci_seconds) or not (args.junit or args.venv or args.doctor
                                                           or args.bench):
         parser.error("give --junit with --ci-seconds, and/or --venv, --doctor, --bench NAME")
-    facts = json.loads(FACTS.read_text())
+    measured, benches = {}, {name: run_bench(name) for name in args.bench}
     if args.junit:
-        facts["ci"] = {"date": today(), "seconds": float(args.ci_seconds.read_text().split()[0]),
-                       "load": read_load(args.load or args.junit.parent / "loadavg"),
-                       "tests": outcome_counts(args.junit)}
+        measured["ci"] = {"date": today(),
+                          "seconds": float(args.ci_seconds.read_text().split()[0]),
+                          "load": read_load(args.load or args.junit.parent / "loadavg"),
+                          "tests": outcome_counts(args.junit)}
     if args.venv:
-        facts["venv"] = {"date": today(), "bytes": folder_bytes(args.venv)}
+        measured["venv"] = {"date": today(), "bytes": folder_bytes(args.venv)}
     if args.doctor:
-        facts["doctor"] = run_doctor()
-    for name in args.bench:
-        facts.setdefault("bench", {})[name] = run_bench(name)
+        measured["doctor"] = run_doctor()
+    facts = json.loads(FACTS.read_text())  # read after the runs: another may have written
+    facts.update(measured)
+    facts.setdefault("bench", {}).update(benches)
     FACTS.write_text(json.dumps(facts, indent=1) + "\n")
     for page, text in render(Path("."), facts).items():
         Path(page).write_text(text)
