@@ -145,6 +145,7 @@ class GpuTime:
 
     def __float__(self) -> float:
         self.event.synchronize()
+        assert _anchor is not None  # set by __init__, in a process that uses CUDA
         seconds, anchor = _anchor
         return seconds + anchor.elapsed_time(self.event) / 1e3
 

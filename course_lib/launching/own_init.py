@@ -40,7 +40,8 @@ def install(store: dist.Store, rank: int, world_size: int, timeout: float) -> No
     """Route this rank's init_process_group calls to the launch's rendezvous."""
     global _group
     _group = _LaunchGroup(store, rank, world_size, timeout)
-    dist.init_process_group = c10d.init_process_group = init_process_group
+    # a drop-in that takes torch's arguments (its stub's signature differs in form only)
+    dist.init_process_group = c10d.init_process_group = init_process_group  # type: ignore[assignment]
     dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
 
 

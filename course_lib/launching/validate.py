@@ -93,4 +93,4 @@ def choose_backend(backend: Any, world_size: int, env: Mapping[str, str] | None 
             f"{gpus} GPU(s). Use backend='gloo' (CPU) or backend='auto', which picks gloo "
             "when GPUs are short."
         )
-    return backend
+    return str(backend)
