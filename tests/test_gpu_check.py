@@ -204,6 +204,8 @@ def test_the_summary_quotes_each_process_main_thread_from_the_last_dump():
         Current thread 0x01 (most recent call first):
           File "rank_main.py", line 5 in all_reduce
           File "<string>", line 1 in <module>
+        --- pid 9 (sleeping, 0.0 s of CPU): python -c from multiprocessing.resource_tracker ...
+        (no stack: no py-spy, and it has no faulthandler on SIGUSR1)
         """)
     assert nbwatch.main_threads(dump, frames=2) == textwrap.dedent("""\
         ===== 10:01: killed at the cap (300 s) in cell 4 (load average 9.0 8.0 7.0)
@@ -212,7 +214,9 @@ def test_the_summary_quotes_each_process_main_thread_from_the_last_dump():
             launch (launcher.py:20)
         --- pid 8 (sleeping, 0.5 s of CPU): python -c from multiprocessing.forkserver ...
             File "rank_main.py", line 5 in all_reduce
-            File "<string>", line 1 in <module>""")
+            File "<string>", line 1 in <module>
+        --- pid 9 (sleeping, 0.0 s of CPU): python -c from multiprocessing.resource_tracker ...
+            (no stack: no py-spy, and it has no faulthandler on SIGUSR1)""")
 
 
 def test_the_summary_shows_a_killed_notebooks_cell_and_stacks(tmp_path):

@@ -205,7 +205,7 @@ def main_threads(text: str, frames: int = 6) -> str:
         threads = re.split(r"\n(?=Thread |Current thread )", body)
         main = next((t for t in threads if "<module>" in t), None)
         lines = ([line.strip() for line in main.splitlines()[1:] if line.strip()] if main
-                 else body.strip().splitlines()[:1])  # no stack: say why
+                 else body.strip().splitlines()[-1:])  # why there is none, or a bare thread
         out.append(f"--- {header}\n" + "\n".join(f"    {line}" for line in lines[:frames]))
     return "\n".join(out)
 
