@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Any
 
+from course_lib import network
 from course_lib.launching import flight, net
 from course_lib.launching.forkserver import (
     Worker,
@@ -72,12 +73,12 @@ def launch(
     that a failed launch's error shows them side by side, the first difference marked.
     """
     args, kwargs, env = check_launch_args(fn, world_size, args, kwargs, timeout, env)
-    backend = choose_backend(backend, world_size)
+    backend = choose_backend(backend, world_size, env)
     payload = pack(fn, args, kwargs)
     if pg_timeout is None:
         pg_timeout = max(1.0, min(PG_TIMEOUT_MAX_S, timeout - 1.0))
     check_seconds("pg_timeout", pg_timeout)
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(net.free_loopback_port()), **env}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(network.free_port()), **env}
     if desync_report:
         env.setdefault("TORCH_FR_BUFFER_SIZE", flight.BUFFER_SIZE)
     with tempfile.TemporaryDirectory(prefix="course_lib-") as tmp:

@@ -26,6 +26,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from course_lib import devices
 from course_lib.launching import flight, own_init, rank_record
 from course_lib.launching.payload import dumps
 
@@ -152,10 +153,7 @@ def _send_error(messages: Connection, exc: BaseException, extras: bytes | None =
 
 
 def _init_process_group(spec: WorkerSpec) -> None:
-    device = None
-    if spec.backend == "nccl":  # the device first, then the group bound to it (lesson 02)
-        device = torch.device("cuda", spec.rank)
-        torch.cuda.set_device(device)
+    device = devices.bind(spec.backend, spec.rank)  # the GPU first, then the group bound to it
     store = dist.FileStore(spec.store_path, spec.world_size)
     own_init.install(store, spec.rank, spec.world_size, spec.pg_timeout)
     own_init.real_init_process_group(
