@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import devices
-from course_lib.checks import lesson02
+from course_lib.checks.lesson02 import pick_device
 from course_lib.checks.lesson14 import main_check
 from course_lib.launching import own_init, rank_main
 from course_lib.launching.devices import rank_device as reexported
@@ -140,6 +140,22 @@ def test_hiding_gpus_in_env_picks_gloo_and_says_nothing(machine, capsys):
         choose_backend("nccl", 2, {"CUDA_VISIBLE_DEVICES": ""})
 
 
+def _backend_and_device():
+    return dist.get_backend(), str(devices.rank_device())
+
+
+def test_a_launch_that_hides_the_gpus_runs_on_gloo_on_a_gpu_machine(machine, capsys):
+    """The launcher passes its env to the rule: on a (faked) 4-GPU kernel, the stand-in's
+    launch with CUDA_VISIBLE_DEVICES="" runs gloo ranks on the CPU, and says nothing."""
+    from course_lib import launch
+
+    machine(4)
+    assert choose_backend("auto", 2, {}) == "nccl"  # the same kernel, GPUs not hidden
+    run = launch(_backend_and_device, 2, env={"CUDA_VISIBLE_DEVICES": ""}, echo=False)
+    assert run.results == [("gloo", "cpu")] * 2
+    assert "backend=" not in capsys.readouterr().out
+
+
 def test_gpus_short_in_env_says_so_naming_the_env(machine, capsys):
     machine(4)
     assert choose_backend("auto", 2, {"CUDA_VISIBLE_DEVICES": "3"}) == "gloo"
@@ -164,7 +180,7 @@ def test_simulated_nodes_each_get_a_gpu_only_when_there_is_one_per_node(machine,
 
 
 def test_the_hints_state_the_rule_from_devices():
-    assert devices.RULE in lesson02.CPU_RULE
+    assert devices.RULE in pick_device.CPU_RULE
     assert devices.RULE in main_check.NCCL_HINT
 
 
