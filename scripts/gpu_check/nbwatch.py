@@ -187,9 +187,9 @@ def dump_stacks(root_pid: int, path: Path, why: str, pyspy: str | None = None,
             cpu = sum(proc.cpu_times()[:2])
             head = (f"--- pid {proc.pid} ({proc.status()}, {cpu:.1f} s of CPU): "
                     f"{' '.join(proc.cmdline())[:160]}\n")
-        except psutil.Error:
+            parts.append(head + stack_of(proc, pyspy, native))
+        except (OSError, psutil.Error):
             continue  # it ended meanwhile
-        parts.append(head + stack_of(proc, pyspy, native))
     with path.open("a") as f:
         f.write("\n".join(parts) + "\n")
 
@@ -269,9 +269,9 @@ def watchdog(client: WatchedClient, stall_s: float, cap_s: float | None, stacks:
         cell = events.cell
         where = f"in cell {cell}" if cell else "outside any cell (kernel start, or between cells)"
         if cap_s is not None and time.monotonic() - start >= cap_s:
-            events.write("killed", cell=cell, why=f"the cap ({cap_s:g} s)")
             dump_stacks(os.getpid(), stacks, f"killed at the cap ({cap_s:g} s) {where}", pyspy,
                         native)
+            events.write("killed", cell=events.cell, why=f"the cap ({cap_s:g} s)")
             if client.kernel_pid():
                 kill_tree(client.kernel_pid())
             if not done.wait(30):  # nbclient did not notice: end anyway, notebook unsaved
@@ -299,7 +299,7 @@ def run(notebook: Path, out: Path | None = None, stall_s: float = 60.0,
     nb = nbformat.read(notebook, as_version=4)
     events = EventLog(events_path(out))
     stacks_path(out).unlink(missing_ok=True)
-    status, detail = "done", ""
+    status, detail = "stopped", "interrupted"  # until execute() returns or raises
     with tempfile.TemporaryDirectory(prefix="nbwatch-") as tmp, \
             open(Path(tmp) / "driver-stack", "a") as own_stack:
         faulthandler.register(signal.SIGUSR1, file=own_stack, all_threads=True)
@@ -312,6 +312,7 @@ def run(notebook: Path, out: Path | None = None, stall_s: float = 60.0,
             native)).start()
         try:
             client.execute()
+            status, detail = "done", ""
         except Exception as exc:  # noqa: BLE001 - recorded in the events and the exit status
             killed = any(e["event"] == "killed" for e in read_events(events.path))
             status, detail = ("killed" if killed else "stopped"), f"{type(exc).__name__}: {exc}"
