@@ -62,7 +62,7 @@ def test_the_explorer_redraws_the_chosen_size_from_the_stored_results(monkeypatc
     slider, _ = batch_size_explorer(by_size).children
     assert list(slider.options) == [2, 16]
     slider.value = 16
-    assert [fig._suptitle.get_text() for fig in shown] == [
+    assert [fig.get_suptitle() for fig in shown] == [
         "2 samples per rank, plain BatchNorm", "16 samples per rank, plain BatchNorm"]
     drawn = shown[-1].axes[1].get_lines()[1].get_ydata()  # rank 1's normalised values
     assert list(drawn) == by_size[16][0][1][1].flatten().tolist()

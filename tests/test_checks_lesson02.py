@@ -167,6 +167,18 @@ def to_device_loss_rebuilt(model, loss_fn, x, y, device):
     return model.to(device), weighted, x.to(device), y.to(device)
 
 
+def to_device_reads_labels(model, loss_fn, x, y, device):  # finished; reads values on meta
+    model, loss_fn, x, y = model.to(device), loss_fn.to(device), x.to(device), y.to(device)
+    print("classes in this batch:", sorted(set(y.tolist())))
+    return model, loss_fn, x, y
+
+
+def to_device_drops_empty_rows(model, loss_fn, x, y, device):  # finished; x[mask] on meta
+    x, y = x.to(device), y.to(device)
+    keep = x.abs().sum(1) > 0
+    return model.to(device), loss_fn.to(device), x[keep], y[keep]
+
+
 @pytest.mark.parametrize("fn", ["solution", to_device_in_one_line, to_device_loss_rebuilt])
 def test_to_device_accepts(fn, capsys):
     accepts(check_to_device, solution("to_device") if fn == "solution" else fn, capsys)
@@ -180,6 +192,9 @@ def test_to_device_accepts(fn, capsys):
     (to_device_new_loss, "it has no class weight: a new nn.CrossEntropyLoss()"),
     (to_device_new_model, "the model to_device() returned is not the one it was given"),
     (to_device_new_batch, "the x to_device() returned holds other values"),
+    # torch's NotImplementedError on the meta device is no stub (review M10)
+    (to_device_reads_labels, "read values out of a tensor on the meta device"),
+    (to_device_drops_empty_rows, "read values out of a tensor on the meta device"),
 ])
 def test_to_device_rejects(fn, hint, capsys):
     rejects(check_to_device, fn, hint, capsys)

@@ -61,7 +61,7 @@ def test_gradient_plot_has_before_and_after_with_a_line_per_rank():
         assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
         assert not _shaded(ax)
     assert "identical on every rank" in fig.axes[1].get_title()
-    assert "every rank should hold the same one" in fig._suptitle.get_text()
+    assert "every rank should hold the same one" in fig.get_suptitle()
 
 
 def test_gradient_plot_shades_parameters_whose_reduced_gradients_differ():
@@ -93,7 +93,7 @@ def test_batchnorm_plot_has_four_panels_with_a_line_per_rank():
         assert len(ax.get_lines()) == 2
     batch_mean = fig.axes[0].get_lines()
     assert [list(line.get_ydata()) for line in batch_mean] == [[0, 1, 2, 3], [1, 2, 3, 4]]
-    assert "BatchNorm layer 'bn', channel 0" in fig._suptitle.get_text()
+    assert "BatchNorm layer 'bn', channel 0" in fig.get_suptitle()
 
 
 def test_sample_heatmap_marks_indices_read_more_than_once():
@@ -134,7 +134,7 @@ def test_timeline_has_compute_and_communication_lanes_per_rank():
         assert len([b for b in bars if round(b.get_y() + b.get_height() / 2) == comm_y]) == 2
     texts = [t.get_text() for t in ax.texts]
     assert texts.count("b0") == 2 and texts.count("b1") == 2
-    assert "Do the all-reduces run during backward?" in fig._suptitle.get_text()
+    assert "Do the all-reduces run during backward?" in fig.get_suptitle()
 
 
 def _scalar_telemetry(shift):
@@ -222,7 +222,7 @@ def test_every_plot_renders_a_real_run(tmp_path):
                plots.timeline(tel, steps=[4, 5]), plots.scalars(tel), plots.rank_bars(tel, "loss"),
                plots.compare_runs(tel, tel)]
     for i, fig in enumerate(figures):
-        assert fig._suptitle is not None or fig.axes[0].get_title()
+        assert fig.get_suptitle() or fig.axes[0].get_title()
         fig.savefig(tmp_path / f"{i}.png", dpi=50)
     assert "identical on every rank" in figures[0].axes[1].get_title()
     title = figures[2].axes[0].get_title(loc="left")
@@ -238,7 +238,7 @@ def test_batchnorm_explorer_offers_layers_and_channels(monkeypatch):
     assert list(layer.options) == ["bn"] and (channel.min, channel.max) == (0, 1)
     assert len(toggles.children) == 2 and isinstance(shown[0], Figure)
     channel.value = 1  # draws channel 1 into the output widget
-    assert len(shown) == 2 and "channel 1" in shown[1]._suptitle.get_text()
+    assert len(shown) == 2 and "channel 1" in shown[1].get_suptitle()
 
 
 def test_timeline_draws_only_the_ranks_asked_for():

@@ -7,7 +7,7 @@ import copy
 import re
 from typing import Any
 
-from course_lib.protocol import CHECK, COURSE, EXERCISE, RAISES, STUB, course_meta
+from course_lib.protocol import CHECK, COURSE, EXERCISE, RAISES, STUB, course_meta, stub_message
 
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION(?::[ \t]*(?P<hint>\S.*?))?[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
@@ -43,7 +43,7 @@ def stub_lines(indent: str, hint: str | None, function: str | None) -> list[str]
     """The TODO that stands where a solution was."""
     what = f"{function}()" if function else "this cell"
     return [f"{indent}# TODO: {hint or 'your code here'}",
-            f'{indent}raise NotImplementedError("TODO: finish {what}, then run the check")']
+            f'{indent}raise NotImplementedError("{stub_message(what)}")']
 
 
 def enclosing(lines: list[str]) -> str | None:

@@ -4,14 +4,19 @@ the true result at one tolerance, and show one CheckResult."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 import torch
 
 from course_lib.checks.result import CheckResult
 from course_lib.launching import DistributedError, launch
+from course_lib.launching.headline import headline_first
+from course_lib.launching.launcher import PG_TIMEOUT_MAX_S
+from course_lib.protocol import STUB_MARKER
 
 # Seconds one launch of a check may run before its ranks are stopped and the learner gets a
 # hint (a hang never leaves a stuck kernel). Measured on 2 cores shared with other jobs (load
@@ -20,6 +25,12 @@ from course_lib.launching import DistributedError, launch
 # (the slowest the first, which starts the forkserver). 60 s leaves correct work a margin of
 # 7x over the slowest; a hang costs the learner this long.
 CHECK_TIMEOUT = 60.0
+# Seconds a rank waits in a collective before it fails, unless a check says otherwise: a rank
+# left waiting by a peer that moved on then fails with its records, and the hint can say how
+# far each rank got. One formula for every check: the collective timeout is
+# min(hang_after, timeout / 2), so half of the check's time limit is left for the ranks to
+# report. A check whose hangs should end sooner sets its own HANG_AFTER_S.
+HANG_AFTER_S = PG_TIMEOUT_MAX_S
 # The world sizes a check runs at by default: two at least, one of them 3 or 4, so that an
 # answer right at one size only ("the other rank" as 1 - rank, a hard-coded 2) is caught.
 WORLD_SIZES = (2, 3)
@@ -87,28 +98,53 @@ class Rejected(Exception):
         self.failure = failure
 
 
+class NotWritten(NotImplementedError):
+    """The learner's function is still the exercise's stub: its NotImplementedError carries
+    `protocol.STUB_MARKER`, which the exercise builder writes."""
+
+    def __init__(self, fn: Any) -> None:
+        super().__init__(f"{getattr(fn, '__name__', 'your function')}() is not written yet: "
+                         "replace its TODO with your code, run that cell, then run this "
+                         "check again.")
+
+
+def is_stub(error: BaseException | str) -> bool:
+    """Whether an error (or its text) is the stub's. Any other NotImplementedError is the
+    answer's own (torch raises it for most ops on the meta device, for one)."""
+    return isinstance(error, NotWritten) or STUB_MARKER in str(error)
+
+
+def stopped_at_stub(err: DistributedError) -> bool:
+    """Whether some rank of a failed launch raised the stub's NotImplementedError."""
+    return any(f.error_type == "NotImplementedError" and is_stub(f.message)
+               for f in err.failures)
+
+
 def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
-             timeout: float = CHECK_TIMEOUT, pg_timeout: float | None = None,
-             known: Sequence[tuple[str, str]] = ()) -> list[Any]:
+             timeout: float = CHECK_TIMEOUT, *, hang_after: float = HANG_AFTER_S,
+             known: Sequence[tuple[str, str]] = (),
+             pg_timeout: float | None = None) -> list[Any]:
     """Results of runner(fn, *args) on each of `world_size` fresh CPU (gloo) ranks, in rank
     order, on any machine: the exercises are CPU exercises.
 
     `runner` is a module-level function (it travels by reference) that sets the scene on
-    the rank and calls fn. Raises NotImplementedError when fn is still the exercise stub,
-    and Rejected(hint, failure) when a rank crashed or hung: a caller that knows a better
-    hint catches it and branches on `failure`'s fields. `known` pairs a fragment of
-    *PyTorch's* error text (e.g. DDP's "Expected to have finished reduction") with the hint
-    it deserves; never match the wording of our own messages, branch on fields instead."""
+    the rank and calls fn. Raises NotWritten when fn is still the exercise stub, and
+    Rejected(hint, failure) when a rank crashed or hung: a caller that knows a better hint
+    catches it and branches on `failure`'s fields. A rank waiting in a collective fails after
+    min(hang_after, timeout / 2) s. `known` pairs a fragment of *PyTorch's* error text (e.g.
+    DDP's "Expected to have finished reduction") with the hint it deserves; never match the
+    wording of our own messages, branch on fields instead. (`pg_timeout` is the old name of
+    the collective timeout, kept until lesson 10's checks pass hang_after.)"""
+    if pg_timeout is None:
+        pg_timeout = min(hang_after, timeout / 2)
     try:
         run = launch(runner, world_size, args=(fn, *args), timeout=timeout, backend="gloo",
                      pg_timeout=pg_timeout, echo=False)
     except DistributedError as err:
-        name = getattr(fn, "__name__", "your function")
-        if any(f.error_type == "NotImplementedError" for f in err.failures):
-            raise NotImplementedError(
-                f"{name}() is not written yet: replace its TODO with your code, run that "
-                "cell, then run this check again.") from None
-        failure = Failure.of(err, name, world_size, timeout)
+        if stopped_at_stub(err):
+            raise NotWritten(fn) from None
+        failure = Failure.of(err, getattr(fn, "__name__", "your function"), world_size,
+                             timeout)
         raise Rejected(failure.explained(_known_hint(failure, known) or explain(failure)),
                        failure) from None
     return run.results
@@ -155,21 +191,50 @@ def explain(failure: Failure) -> str:
     return f"{name}() raised an error on rank {failure.rank} (of {n} ranks)."
 
 
+P = ParamSpec("P")
+
+
+def check(judge: Callable[Concatenate[Any, P], str],
+          ) -> Callable[Concatenate[Any, P], CheckResult]:
+    """A learner-facing check, from its judge: `judge(fn, ...)` runs the learner's function
+    `fn` and returns the pass message, or raises Rejected with the hint.
+
+    The check has the judge's name, docstring and parameters. It refuses a non-callable `fn`
+    (the learner typed `check_x(f())`), shows the CheckResult once and returns it; when `fn`
+    is still its stub it raises a short, fresh NotImplementedError that names `fn`."""
+    name = judge.__name__
+
+    @functools.wraps(judge)
+    def checked(fn: Any, *args: P.args, **kwargs: P.kwargs) -> CheckResult:
+        result = _verdict(name, fn, lambda: judge(fn, *args, **kwargs))
+        result.show()
+        return result
+
+    checked.__signature__ = inspect.signature(judge).replace(  # type: ignore[attr-defined]
+        return_annotation=CheckResult.__name__)
+    return checked
+
+
 def run_check(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
-    """Show and return the result of judge(): its return value is the pass message, a
-    Rejected its hint."""
-    if not callable(fn):
-        result = CheckResult(check, False, f"{check}() expects your function itself "
-                                           f"(its name, without calling it), got {fn!r}")
-    else:
-        try:
-            result = CheckResult(check, True, judge())
-        except Rejected as rejected:
-            result = CheckResult(check, False, str(rejected))
-        except NotImplementedError as stub:  # raised afresh: the traceback a learner sees
-            raise NotImplementedError(str(stub)) from None  # ends here, not in our machinery
+    """Show and return the result of judge() (the checks not yet written with @check)."""
+    result = _verdict(check, fn, judge)
     result.show()
     return result
+
+
+def _verdict(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
+    if not callable(fn):
+        return CheckResult(check, False, f"{check}() expects your function itself (its name, "
+                                         f"without calling it), got {fn!r}")
+    try:
+        return CheckResult(check, True, judge())
+    except Rejected as rejected:
+        return CheckResult(check, False, str(rejected))
+    except NotImplementedError as error:
+        if not is_stub(error):
+            raise  # not the stub's: a real error, shown whole
+        stub = NotImplementedError(str(NotWritten(fn)))  # raised afresh: the traceback a
+        raise headline_first(stub) from None  # learner sees ends here, not in our machinery
 
 
 # -- comparing with the true result -----------------------------------------------------------

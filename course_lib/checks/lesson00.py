@@ -17,11 +17,10 @@ from course_lib.checks.common import (
     WORLD_SIZES,
     Rejected,
     at_world_sizes,
+    check,
     close,
     listing,
-    run_check,
 )
-from course_lib.checks.result import CheckResult
 
 RANDOM_COUNT = 8
 RANDOM_SEEDS = {2: 2024, 3: 77}  # per world size: a fixed-seed answer returns the same both times
@@ -42,17 +41,16 @@ def _summary_on_rank(fn: Callable, values: list[float]) -> tuple[Any, int]:
     return got, collectives.count(calls)
 
 
-def check_rank_summary(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_rank_summary(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """Run fn(x) on 2 and then 3 ranks, each with its own x; every rank must return
     (its rank, the world size, the sum of all ranks' x)."""
-    def judge() -> str:
-        for _, results in at_world_sizes(_summary_on_rank, fn, WORLD_SIZES,
-                                         args=lambda n: (summary_values(n),), timeout=timeout):
-            _judge_summary(results)
-        values = summary_values(WORLD_SIZES[-1])
-        return (f"correct on {listing(WORLD_SIZES)} ranks (with x = {values} every rank "
-                f"reported total {sum(values):g}).")
-    return run_check("check_rank_summary", fn, judge)
+    for _, results in at_world_sizes(_summary_on_rank, fn, WORLD_SIZES,
+                                     args=lambda n: (summary_values(n),), timeout=timeout):
+        _judge_summary(results)
+    values = summary_values(WORLD_SIZES[-1])
+    return (f"correct on {listing(WORLD_SIZES)} ranks (with x = {values} every rank "
+            f"reported total {sum(values):g}).")
 
 
 def _judge_summary(results: list[tuple[Any, int]]) -> None:
@@ -133,18 +131,17 @@ def own_draws(n: int, seed: int, world_size: int, draws: int = 1,
     return per_rank
 
 
-def check_same_random(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_same_random(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """Run fn(n) on 2 and on 3 ranks whose generators are seeded differently: every rank must
     return the same n numbers drawn with torch.rand: one rank's draw, or a draw from a seed
     that every rank shares."""
-    def judge() -> str:
-        agreed = {}
-        for n, results in at_world_sizes(_random_on_rank, fn, tuple(RANDOM_SEEDS),
-                                         args=lambda n: (RANDOM_COUNT, RANDOM_SEEDS[n]),
-                                         timeout=timeout):
-            agreed[n] = _judge_random(results, RANDOM_SEEDS[n])
-        return _judge_source(agreed)
-    return run_check("check_same_random", fn, judge)
+    agreed = {}
+    for n, results in at_world_sizes(_random_on_rank, fn, tuple(RANDOM_SEEDS),
+                                     args=lambda n: (RANDOM_COUNT, RANDOM_SEEDS[n]),
+                                     timeout=timeout):
+        agreed[n] = _judge_random(results, RANDOM_SEEDS[n])
+    return _judge_source(agreed)
 
 
 def _judge_random(results: list[tuple[Any, dict[str, int]]], seed: int) -> list[float]:

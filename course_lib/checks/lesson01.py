@@ -18,11 +18,10 @@ from course_lib.checks.common import (
     RTOL,
     Rejected,
     at_world_sizes,
+    check,
     differing,
     listing,
-    run_check,
 )
-from course_lib.checks.result import CheckResult
 
 GRAD_WORLD_SIZES = (2, 4)  # 4 catches "divide by 2"; the shards below also differ in content
 BROADCAST_WORLD_SIZES = (2, 3)
@@ -83,17 +82,16 @@ def single_process_grads(seed: int = SEED) -> Tensors:
     return grads(model)
 
 
-def check_average_gradients(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_average_gradients(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """After backward on each rank's shard, fn(model) must leave in every p.grad the
     gradient that one process computes on the whole batch (on 2 and on 3 ranks)."""
-    def judge() -> str:
-        want = single_process_grads()
-        for _, results in at_world_sizes(_gradients_on_rank, fn, GRAD_WORLD_SIZES, (SEED,),
-                                         timeout):
-            _judge_gradients(results, want)
-        return (f"on {listing(GRAD_WORLD_SIZES)} ranks every rank's gradients equal the "
-                f"single-process gradients of the whole batch, for all {len(want)} parameters.")
-    return run_check("check_average_gradients", fn, judge)
+    want = single_process_grads()
+    for _, results in at_world_sizes(_gradients_on_rank, fn, GRAD_WORLD_SIZES, (SEED,),
+                                     timeout):
+        _judge_gradients(results, want)
+    return (f"on {listing(GRAD_WORLD_SIZES)} ranks every rank's gradients equal the "
+            f"single-process gradients of the whole batch, for all {len(want)} parameters.")
 
 
 def _judge_gradients(results: list[tuple[Tensors, dict, dict[str, int]]],
@@ -165,16 +163,15 @@ def _broadcast_on_rank(fn: Callable, seed: int) -> tuple[Tensors, dict[str, int]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, done
 
 
-def check_broadcast_parameters(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_broadcast_parameters(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """Ranks build the model from different seeds; after fn(model) every rank must hold
     rank 0's initial weights (on 2 and on 3 ranks)."""
-    def judge() -> str:
-        for n, results in at_world_sizes(_broadcast_on_rank, fn, BROADCAST_WORLD_SIZES,
-                                         (SEED,), timeout):
-            _judge_broadcast(results, [initial_weights(SEED + r) for r in range(n)])
-        return (f"on {listing(BROADCAST_WORLD_SIZES)} ranks every rank holds rank 0's initial "
-                "weights, for every parameter.")
-    return run_check("check_broadcast_parameters", fn, judge)
+    for n, results in at_world_sizes(_broadcast_on_rank, fn, BROADCAST_WORLD_SIZES,
+                                     (SEED,), timeout):
+        _judge_broadcast(results, [initial_weights(SEED + r) for r in range(n)])
+    return (f"on {listing(BROADCAST_WORLD_SIZES)} ranks every rank holds rank 0's initial "
+            "weights, for every parameter.")
 
 
 def _judge_broadcast(results: list[tuple[Tensors, dict[str, int]]],

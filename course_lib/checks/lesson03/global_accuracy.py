@@ -10,15 +10,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from course_lib.checks.common import (
-    CHECK_TIMEOUT,
-    Rejected,
-    at_world_sizes,
-    close,
-    run_check,
-)
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, close
 from course_lib.checks.lesson03.counted_reads import SEED, CountedReads, platform_start_method
-from course_lib.checks.result import CheckResult
 
 EVAL_CASES = ((10, 4), (7, 3))  # (dataset size, world size): both pad with a sampler
 
@@ -56,19 +49,18 @@ def _right(n: int) -> torch.Tensor:
     return predict(data.x) == data.y
 
 
-def check_global_accuracy(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_global_accuracy(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(predict, dataset) on 4 ranks (10 samples) and 3 ranks (7 samples) must return, on
     every rank, the accuracy over the whole dataset, each sample counted once."""
     sizes = dict((world, n) for n, world in EVAL_CASES)
 
-    def judge() -> str:
-        for world, results in at_world_sizes(_accuracy_on_rank, fn, tuple(sizes),
-                                              lambda w: (sizes[w],), timeout):
-            _judge_accuracy(results, sizes[world])
-        cases = " and ".join(f"{w} ranks with {n} samples" for n, w in EVAL_CASES)
-        return ("every rank returned the accuracy over the whole dataset (each sample "
-                f"counted once), on {cases}.")
-    return run_check("check_global_accuracy", fn, judge)
+    for world, results in at_world_sizes(_accuracy_on_rank, fn, tuple(sizes),
+                                          lambda w: (sizes[w],), timeout):
+        _judge_accuracy(results, sizes[world])
+    cases = " and ".join(f"{w} ranks with {n} samples" for n, w in EVAL_CASES)
+    return ("every rank returned the accuracy over the whole dataset (each sample "
+            f"counted once), on {cases}.")
 
 
 def _accuracy_of(counts: torch.Tensor, right: torch.Tensor) -> float | None:

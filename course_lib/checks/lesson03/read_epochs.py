@@ -11,15 +11,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from course_lib.checks.common import (
-    CHECK_TIMEOUT,
-    Rejected,
-    at_world_sizes,
-    listing,
-    run_check,
-)
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, listing
 from course_lib.checks.lesson03.counted_reads import CountedReads, platform_start_method
-from course_lib.checks.result import CheckResult
 
 READ_WORLD_SIZES = (2, 3)
 READ_SAMPLES, READ_EPOCHS, READ_BATCH = 24, 3, 4
@@ -69,20 +62,19 @@ def _read_on_rank(fn: Callable, n: int, epochs: int, batch_size: int) -> tuple[A
     return fn(data, epochs, batch_size), data.read_counts()
 
 
-def check_read_epochs(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_read_epochs(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """On 2 and 3 ranks, fn(dataset, epochs, batch_size) must return the indices the rank
     read per epoch: shuffled, disjoint across ranks, covering the dataset, new every epoch."""
-    def judge() -> str:
-        for _, results in at_world_sizes(_read_on_rank, fn, READ_WORLD_SIZES,
-                                         (READ_SAMPLES, READ_EPOCHS, READ_BATCH), timeout,
-                                         known=READ_ERRORS):
-            reads = [_indices(r, got, READ_EPOCHS) for r, (got, _) in enumerate(results)]
-            _judge_reads(reads)
-            _judge_counted(reads, [counts for _, counts in results])
-        return (f"on {listing(READ_WORLD_SIZES)} ranks, every epoch split the {READ_SAMPLES} "
-                "samples between the ranks without overlap, shuffled, and differently each "
-                "epoch (reads counted in the dataset, DataLoader workers included).")
-    return run_check("check_read_epochs", fn, judge)
+    for _, results in at_world_sizes(_read_on_rank, fn, READ_WORLD_SIZES,
+                                     (READ_SAMPLES, READ_EPOCHS, READ_BATCH), timeout,
+                                     known=READ_ERRORS):
+        reads = [_indices(r, got, READ_EPOCHS) for r, (got, _) in enumerate(results)]
+        _judge_reads(reads)
+        _judge_counted(reads, [counts for _, counts in results])
+    return (f"on {listing(READ_WORLD_SIZES)} ranks, every epoch split the {READ_SAMPLES} "
+            "samples between the ranks without overlap, shuffled, and differently each "
+            "epoch (reads counted in the dataset, DataLoader workers included).")
 
 
 def _judge_reads(reads: list[list[list[int]]]) -> None:

@@ -15,19 +15,18 @@ from course_lib.checks.common import (
     Failure,
     Rejected,
     at_world_sizes,
+    check,
     listing,
-    run_check,
     same,
     state_snapshot,
 )
 from course_lib.checks.lesson03.counted_reads import SEED
-from course_lib.checks.result import CheckResult
 from course_lib.telemetry import Recorder
 
 UNEVEN_BATCHES = ((3, 5), (4, 2, 5))  # batches per rank, at 2 and at 3 ranks
-# A rank left waiting in a collective fails after this (or half the check's limit, if less),
-# while its records still come back: the hint then says how far each rank got.
-UNEVEN_PG_TIMEOUT = 10.0
+# A rank left waiting in a collective fails after this (common.on_ranks: or half the check's
+# limit, if less), while its records still come back: the hint then says how far each rank got.
+HANG_AFTER_S = 10.0
 LR = 0.1
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -63,25 +62,24 @@ def _train_on_rank(fn: Callable, counts: tuple[int, ...]) -> dict:
             "batches": batches.batches}
 
 
-def check_train_uneven(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_train_uneven(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(ddp_model, batches, optimizer) on 2 ranks (3 and 5 batches) and 3 ranks (4, 2 and 5)
     must train on every batch of every rank, finish on every rank, and end with the weights
     that averaged steps over all the ranks' batches give."""
     by_size = {len(c): c for c in UNEVEN_BATCHES}
 
-    def judge() -> str:
-        try:
-            for _, results in at_world_sizes(_train_on_rank, fn, tuple(by_size),
-                                             lambda n: (by_size[n],), timeout,
-                                             pg_timeout=min(UNEVEN_PG_TIMEOUT, timeout / 2)):
-                _judge_training(results)
-        except Rejected as rejected:
-            _explain_hang(rejected, by_size)
-            raise
-        cases = " and ".join(f"{listing(c)} batches" for c in UNEVEN_BATCHES)
-        return (f"ranks with {cases} trained on all of them, finished together, and ended "
-                "with the weights of averaged steps over every rank's batches.")
-    return run_check("check_train_uneven", fn, judge)
+    try:
+        for _, results in at_world_sizes(_train_on_rank, fn, tuple(by_size),
+                                         lambda n: (by_size[n],), timeout,
+                                         hang_after=HANG_AFTER_S):
+            _judge_training(results)
+    except Rejected as rejected:
+        _explain_hang(rejected, by_size)
+        raise
+    cases = " and ".join(f"{listing(c)} batches" for c in UNEVEN_BATCHES)
+    return (f"ranks with {cases} trained on all of them, finished together, and ended "
+            "with the weights of averaged steps over every rank's batches.")
 
 
 def _explain_hang(rejected: Rejected, by_size: dict[int, tuple[int, ...]]) -> None:

@@ -14,15 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.checks.common import (
-    CHECK_TIMEOUT,
-    Rejected,
-    at_world_sizes,
-    close,
-    listing,
-    run_check,
-)
-from course_lib.checks.result import CheckResult
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, close, listing
 
 DIFF_WORLD_SIZES = (2, 4)
 SEED = 4
@@ -103,22 +95,21 @@ def _differences_on_rank(fn: Callable, desync: bool) -> Any:
     return out
 
 
-def check_gradient_differences(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_gradient_differences(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model), called on every rank after backward, must return on every rank
     {parameter name: largest absolute difference between any two ranks' gradients}."""
-    def judge() -> str:
-        for desync in (False, True):
-            passed: list[int] = []  # the world sizes this answer got right, with this data
-            for n, results in at_world_sizes(_differences_on_rank, fn, DIFF_WORLD_SIZES,
-                                             (desync,), timeout):
-                _judge_differences(results, n, desync, passed)
-                passed.append(n)
-        found = true_differences(DIFF_WORLD_SIZES[-1], True)
-        shown = ", ".join(f"{k} {v:.3g}" for k, v in found.items())
-        return (f"on {listing(DIFF_WORLD_SIZES)} ranks: 0 everywhere when the gradients "
-                f"agree, and exactly the differences made on purpose when they do not (on "
-                f"{DIFF_WORLD_SIZES[-1]} ranks: {shown}).")
-    return run_check("check_gradient_differences", fn, judge)
+    for desync in (False, True):
+        passed: list[int] = []  # the world sizes this answer got right, with this data
+        for n, results in at_world_sizes(_differences_on_rank, fn, DIFF_WORLD_SIZES,
+                                         (desync,), timeout):
+            _judge_differences(results, n, desync, passed)
+            passed.append(n)
+    found = true_differences(DIFF_WORLD_SIZES[-1], True)
+    shown = ", ".join(f"{k} {v:.3g}" for k, v in found.items())
+    return (f"on {listing(DIFF_WORLD_SIZES)} ranks: 0 everywhere when the gradients "
+            f"agree, and exactly the differences made on purpose when they do not (on "
+            f"{DIFF_WORLD_SIZES[-1]} ranks: {shown}).")
 
 
 def _judge_differences(results: list[Any], n: int, desync: bool, passed: list[int]) -> None:

@@ -17,12 +17,11 @@ from course_lib.checks.common import (
     CHECK_TIMEOUT,
     Rejected,
     at_world_sizes,
+    check,
     differing,
     listing,
-    run_check,
     state_snapshot,
 )
-from course_lib.checks.result import CheckResult
 
 WRAP_WORLD_SIZES = (2, 3)
 TASKS = "aabab"  # step 0 leaves head_b unused; the set of used heads changes from step 2 on
@@ -104,18 +103,17 @@ def reference_weights() -> dict[str, torch.Tensor]:
     return state_snapshot(model)
 
 
-def check_wrap_model(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_wrap_model(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model) must return the model wrapped in DDP so that a job switching between the
     two heads trains on every rank exactly as one process does on the whole batches."""
-    def judge() -> str:
-        want = reference_weights()
-        for n, results in at_world_sizes(_wrap_on_rank, fn, WRAP_WORLD_SIZES,
-                                         timeout=timeout):
-            _judge_wrap(results, want, n)
-        return (f"trained {len(TASKS)} steps of tasks {', '.join(TASKS)} on "
-                f"{listing(WRAP_WORLD_SIZES)} ranks; every rank's weights equal one "
-                "process's.")
-    return run_check("check_wrap_model", fn, judge)
+    want = reference_weights()
+    for n, results in at_world_sizes(_wrap_on_rank, fn, WRAP_WORLD_SIZES,
+                                     timeout=timeout):
+        _judge_wrap(results, want, n)
+    return (f"trained {len(TASKS)} steps of tasks {', '.join(TASKS)} on "
+            f"{listing(WRAP_WORLD_SIZES)} ranks; every rank's weights equal one "
+            "process's.")
 
 
 def _unused_head(step: int) -> str:

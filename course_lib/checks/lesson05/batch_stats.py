@@ -13,15 +13,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checks.collectives import recorded
-from course_lib.checks.common import (
-    CHECK_TIMEOUT,
-    Rejected,
-    at_world_sizes,
-    listing,
-    run_check,
-    same,
-)
-from course_lib.checks.result import CheckResult
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, listing, same
 
 # Rows per rank at each world size: unequal, so that a plain average of averages, or a
 # count taken as len(x) * world_size, is wrong at both sizes.
@@ -52,26 +44,25 @@ def _stats_on_rank(fn: Callable, sizes: tuple[int, ...]) -> dict[str, Any]:
     return {"out": out, "calls": [c.op for c in calls if c.op != "barrier"]}
 
 
-def check_global_batch_stats(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_global_batch_stats(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(x), given this rank's rows x of shape (N, C), must return on every rank the
     per-channel (mean, biased variance) of all ranks' rows together."""
-    def judge() -> str:
-        passed: list[int] = []
-        runs = at_world_sizes(_stats_on_rank, fn, tuple(STATS_SIZES),
-                              args=lambda n: (STATS_SIZES[n],), timeout=timeout)
-        for n in STATS_SIZES:
-            try:
-                _, results = next(runs)
-            except Rejected as failed:  # a crash or a hang at this size
-                raise Rejected(_where(n, passed) + str(failed), failed.failure) from None
-            hint = _stats_hint(results, STATS_SIZES[n])
-            if hint:
-                raise Rejected(_where(n, passed) + hint)
-            passed.append(n)
-        runs = "; ".join(f"{n} ranks holding {listing(STATS_SIZES[n])} rows"
-                         for n in STATS_SIZES)
-        return f"{runs}: every rank returned the mean and variance of all rows together."
-    return run_check("check_global_batch_stats", fn, judge)
+    passed: list[int] = []
+    runs = at_world_sizes(_stats_on_rank, fn, tuple(STATS_SIZES),
+                          args=lambda n: (STATS_SIZES[n],), timeout=timeout)
+    for n in STATS_SIZES:
+        try:
+            _, results = next(runs)
+        except Rejected as failed:  # a crash or a hang at this size
+            raise Rejected(_where(n, passed) + str(failed), failed.failure) from None
+        hint = _stats_hint(results, STATS_SIZES[n])
+        if hint:
+            raise Rejected(_where(n, passed) + hint)
+        passed.append(n)
+    runs = "; ".join(f"{n} ranks holding {listing(STATS_SIZES[n])} rows"
+                     for n in STATS_SIZES)
+    return f"{runs}: every rank returned the mean and variance of all rows together."
 
 
 def _where(n: int, passed: list[int]) -> str:

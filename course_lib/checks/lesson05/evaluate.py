@@ -19,15 +19,14 @@ from course_lib.checks.common import (
     CHECK_TIMEOUT,
     Rejected,
     at_world_sizes,
+    check,
     listing,
-    run_check,
     state_snapshot,
 )
-from course_lib.checks.result import CheckResult
 
 SEED = 5
 EVAL_WORLD_SIZES = (2, 3)
-EVAL_PG_TIMEOUT = 2.0  # seconds a collective waits before it fails: a hang ends fast
+HANG_AFTER_S = 2.0  # seconds a collective waits before it fails: a hang ends fast
 
 
 def net_with_batchnorm() -> nn.Module:
@@ -95,23 +94,22 @@ EVAL_ERRORS = (
 )
 
 
-def check_evaluate(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_evaluate(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """After DDP training, rank 0 alone calls fn(ddp_model, x, y) while the other ranks wait
     at a barrier: it must return the eval-mode accuracy, without hanging, and leave the
     model in training mode with its state unchanged."""
-    def judge() -> str:
-        for n, results in at_world_sizes(_evaluate_on_rank, fn, EVAL_WORLD_SIZES,
-                                         timeout=timeout, pg_timeout=EVAL_PG_TIMEOUT,
-                                         known=EVAL_ERRORS):
-            try:
-                want = _judge_evaluate(results[0])
-            except Rejected as wrong:
-                raise Rejected(f"on {n} ranks (rank 0 evaluating, the others waiting): "
-                               f"{wrong}") from None
-        return (f"on {listing(EVAL_WORLD_SIZES)} ranks, rank 0 evaluated on its own "
-                f"(accuracy {want:.3f}, as in eval mode) while the others waited, and the "
-                "model went back to training unchanged.")
-    return run_check("check_evaluate", fn, judge)
+    for n, results in at_world_sizes(_evaluate_on_rank, fn, EVAL_WORLD_SIZES,
+                                     timeout=timeout, hang_after=HANG_AFTER_S,
+                                     known=EVAL_ERRORS):
+        try:
+            want = _judge_evaluate(results[0])
+        except Rejected as wrong:
+            raise Rejected(f"on {n} ranks (rank 0 evaluating, the others waiting): "
+                           f"{wrong}") from None
+    return (f"on {listing(EVAL_WORLD_SIZES)} ranks, rank 0 evaluated on its own "
+            f"(accuracy {want:.3f}, as in eval mode) while the others waited, and the "
+            "model went back to training unchanged.")
 
 
 def _judge_evaluate(report: dict[str, Any]) -> float:
