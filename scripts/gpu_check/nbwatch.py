@@ -1,4 +1,4 @@
-"""Run one notebook with nbclient so that a slow, stuck or killed run explains itself.
+"""One job: run one notebook with nbclient so that a slow, stuck or killed run explains itself.
 
 - The notebook is saved after every cell, so a killed run shows how far it got.
 - Each code cell's start and end go to NOTEBOOK's `<stem>.events.jsonl` (cells counted from
@@ -326,7 +326,7 @@ def run(notebook: Path, out: Path | None = None, stall_s: float = 60.0,
 
 def main(argv: list[str] | None = None) -> int:
     """The command line (see the module's docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0].removeprefix("One job: "))
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--out", type=Path, help="write the executed notebook here "
                         "(default: in place) and its events and stacks beside it")
