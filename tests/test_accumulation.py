@@ -17,6 +17,7 @@ from course_lib.teach.accumulation import (
     plot_accumulation_grid,
     plot_allreduces_per_step,
     plot_grid_point,
+    plot_link_and_rest,
     plot_loss_curves,
     plot_rank_gap,
     plot_reference_gap,
@@ -72,7 +73,21 @@ def recorded(calls_per_step, nbytes=1000, step_seconds=(0.01, 0.03, 0.02)):
 
 def test_sync_cost_counts_per_step_and_takes_the_median_time():
     cost = sync_cost(recorded([4, 4, 4]))
-    assert cost == pytest.approx({"steps": 3, "allreduces": 4.0, "mb": 0.004, "seconds": 0.02})
+    assert cost == pytest.approx({"steps": 3, "allreduces": 4.0, "mb": 0.004, "seconds": 0.02,
+                                  "link_seconds": 0.0, "rest_seconds": 0.02})
+
+
+def test_sync_cost_splits_off_the_links_exact_time():
+    """The link's part is the run's own all-reduces at the link's time for their bytes; the
+    rest is the measured step minus it, so noise in the step lands in the rest only."""
+    tel = recorded([4, 1, 4], step_seconds=(0.2, 0.3, 0.25))
+    tel.world_size = 2  # a recorder outside a launch says 1
+    link = SlowLink(gbit_per_s=1, latency_ms=10)
+    one = link.seconds(1000, 2)
+    cost = sync_cost(tel, link)
+    assert cost["link_seconds"] == pytest.approx(4 * one)  # median of 4, 1 and 4 waits
+    assert cost["rest_seconds"] == pytest.approx(sorted([0.2 - 4 * one, 0.3 - one,
+                                                         0.25 - 4 * one])[1])
 
 
 def test_sync_cost_without_steps_says_what_to_record():
@@ -83,7 +98,7 @@ def test_sync_cost_without_steps_says_what_to_record():
 def test_figures_draw_one_bar_or_line_per_run():
     costs = {"a": sync_cost(recorded([4, 4, 4])), "b": sync_cost(recorded([1, 1, 1]))}
     fig = plot_sync_cost(costs, "title")
-    assert [len(ax.patches) for ax in fig.axes] == [2, 2, 2]
+    assert [len(ax.patches) for ax in fig.axes] == [2, 2, 4]  # the link's part drawn over
     assert [p.get_height() for p in fig.axes[0].patches] == [4, 1]
     assert len(plot_rank_gap({"x": [0.1, 0.2], "y": [0.0, 0.0]}).axes[0].lines) == 2
     assert len(plot_loss_curves({"x": [1.0, 0.5]}, k=4).axes[0].lines) == 1
@@ -99,7 +114,8 @@ def grid():
 
 
 def test_grid_figure_and_widget():
-    assert len(plot_accumulation_grid(grid()).axes[0].lines) == 4  # 2 modes x 2 links
+    fig = plot_accumulation_grid(grid())
+    assert [len(ax.lines) for ax in fig.axes] == [4, 4]  # link alone, whole step: 2 modes x 2 links
     assert len(plot_grid_point(grid(), 2, 5).axes) == 3
     with pytest.raises(ValueError, match="no run with k=3"):
         plot_grid_point(grid(), 3, 5)
@@ -107,3 +123,10 @@ def test_grid_figure_and_widget():
     k_slider, link_slider = box.children[0].children
     assert list(k_slider.options) == [1, 2] and list(link_slider.options) == [0.5, 5]
     link_slider.value = 5  # redraws from the cached grid, no error
+
+
+def test_link_and_rest_draws_both_parts_per_setting():
+    runs = {"a": [sync_cost(recorded([4, 4, 4]))] * 3, "b": [sync_cost(recorded([1, 1, 1]))] * 3}
+    ax = plot_link_and_rest(runs, "t").axes[0]
+    assert len(ax.patches) == 4  # per setting: the link's part and the rest
+    assert "median of 3 runs" in ax.get_title()

@@ -89,6 +89,23 @@ def test_a_plain_run_after_a_hook_on_the_link_does_not_pay_that_link():
     assert before >= 1 and after == before
 
 
+def _own_all_reduce_after_a_hook_on_the_link(slow):
+    _one_backward(slow, compress=True)
+    before = traffic(slow)["calls"]
+    dist.all_reduce(torch.ones(1))  # the rank's own, between steps
+    return dist.all_reduce.__name__, traffic(slow)["calls"] - before
+
+
+def test_the_ranks_own_all_reduce_after_a_hook_on_the_link_is_the_real_one():
+    """hook_on_link puts torch's all_reduce back once its Future completes (review D8: it
+    stayed patched for the rest of the rank process, and a learner's own all-reduce paid
+    the link)."""
+    slow = Link(gbit_per_s=1, latency_ms=1, name="slow")
+    name, extra = launch(_own_all_reduce_after_a_hook_on_the_link, 2, args=(slow,),
+                         backend="gloo").results[0]
+    assert name == "all_reduce" and extra == 0
+
+
 def test_links_with_the_same_numbers_and_different_names_are_different_links():
     assert Link(1, 0.1, "a") != Link(1, 0.1, "b")
     assert Link(1, 0.1, "a") == Link(1, 0.1, "a")

@@ -63,6 +63,7 @@ def _measure_on_rank(fn: Callable, link: Link) -> dict[str, Any]:
     this machine's timing noise), and fn's predictions for the first compute and the probes."""
     plain = DDP(make_model(), bucket_cap_mb=100)
     plain.register_comm_hook(INSTANT, simulated_link)
+    _median_step(plain, STEPS)  # warm-up: the rank's first backwards are slower
     compute_s = _median_step(plain, STEPS)
     linked = DDP(make_model(), bucket_cap_mb=100)
     linked.register_comm_hook(link, simulated_link)

@@ -68,8 +68,8 @@ def plot_reads(reads: list[float], truth: float, title: str):
 
 def collectives_issued() -> int:
     """How many collectives this rank has issued on the default group so far, read from
-    PyTorch's flight recorder (it needs TORCH_FR_BUFFER_SIZE set before the group starts,
-    which course_lib's launch does). Call it on a rank."""
+    PyTorch's flight recorder (on by default in 2.13, 2000 entries; TORCH_FR_BUFFER_SIZE=0
+    turns it off: FlightRecorder.hpp). Call it on a rank."""
     import pickle
 
     import torch

@@ -129,6 +129,7 @@ class _DelayedWork:
 
 
 _ROUTE: dict[str, Link] = {}
+_IN_FLIGHT = [0]  # hook_on_link runs whose Future has not completed yet
 
 
 def _all_reduce_on_link(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None,
@@ -144,12 +145,34 @@ def _all_reduce_on_link(tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group
 def hook_on_link(on: OnLink, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """A DDP comm hook that runs `on.hook` (fp16_compress_hook, powerSGD_hook...) with every
     dist.all_reduce of this rank on `on.link`: the link carries what the hook really sends.
-    It replaces torch.distributed.all_reduce in this process until a hook_on_link with no
-    link runs (PowerSGD all-reduces again from a callback, after the hook has returned).
+    torch.distributed.all_reduce is replaced from the hook's start until its Future completes
+    (PowerSGD all-reduces again from its callbacks, after the hook has returned), then put
+    back, so that the rank's own all-reduces between steps do not pay the link.
     simulated_link is not affected: it calls the real all-reduce."""
     if on.link is None:
-        dist.all_reduce = _REAL_ALL_REDUCE
-    else:
+        return on.hook(on.state, bucket)
+    with _LOCK:
         _ROUTE["link"] = on.link
+        _IN_FLIGHT[0] += 1
         dist.all_reduce = _all_reduce_on_link
-    return on.hook(on.state, bucket)
+    try:
+        future = on.hook(on.state, bucket)
+    except BaseException:
+        _hook_done()
+        raise
+    return future.then(_value_then_done)
+
+
+def _value_then_done(future: torch.futures.Future) -> torch.Tensor:
+    try:
+        return future.value()
+    finally:
+        _hook_done()
+
+
+def _hook_done() -> None:
+    """One hook_on_link run ended: the real all-reduce is back once none is in flight."""
+    with _LOCK:
+        _IN_FLIGHT[0] -= 1
+        if _IN_FLIGHT[0] == 0:
+            dist.all_reduce = _REAL_ALL_REDUCE
