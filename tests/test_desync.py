@@ -4,6 +4,7 @@ recorder) and names the first point where they differ, and which ranks were wher
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -269,3 +270,50 @@ def test_on_nccl_the_report_says_it_does_not_cover_it():
     report = build(traces, backend="nccl")
     assert report.summary.startswith("This report does not cover NCCL yet")
     assert "no desync" not in report.summary
+
+
+# -- torch's own checks, and DDP's bucket rebuild (review lessons 06-10: F13, R5) ---------------
+
+DETAIL_ERROR = ("Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+                "CollectiveFingerPrint(SequenceNumber=1, OpType=ALLREDUCE, TensorShape=[1]), but "
+                "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=1, "
+                "OpType=BROADCAST, TensorShape=[8]).Collectives differ in the following aspects:"
+                "   Op type: ALLREDUCEvs BROADCAST  Tensor Tensor shapes: 1vs 8")
+
+
+def test_detail_s_mismatch_check_leads_and_is_not_called_outside_a_collective():
+    # as under TORCH_DISTRIBUTED_DEBUG=DETAIL (lesson 10): the wrapped group records nothing
+    traces = [RankTrace(r, [], "raised RuntimeError", collective_error=True, text=DETAIL_ERROR)
+              for r in range(2)]
+    report = build(traces)
+    assert report.summary.startswith(
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL's check found the ranks in different collectives "
+        "(rank 0's error): \"Op type: ALLREDUCE vs BROADCAST Tensor Tensor shapes: 1 vs 8\".")
+    assert report.raised_outside == [] and "outside any collective" not in report.summary
+
+
+def _rank_2_misses_the_monitored_barrier():
+    if dist.get_rank() == 2:
+        time.sleep(30)
+    dist.monitored_barrier(timeout=timedelta(seconds=2), wait_all_ranks=True)
+
+
+def test_monitored_barrier_names_the_missing_rank_in_the_report():
+    report = _fail(_rank_2_misses_the_monitored_barrier, 3).desync
+    assert [(k.rank, k.check) for k in report.torch_checks] == [(0, "monitored_barrier")]
+    assert ("monitored_barrier named the rank(s) that never reached it (rank 0's error): "
+            "\"Ranks 2 failed to pass monitoredBarrier in 2000 ms\".") in report.summary
+    assert report.raised_outside == [] and "outside any collective" not in report.summary
+
+
+def _stops_one_step_early():
+    model = DDP(nn.Linear(4, 1))
+    for _ in range(4 - dist.get_rank()):
+        model(torch.randn(8, 4)).sum().backward()
+    dist.barrier()
+
+
+def test_ddp_s_bucket_rebuild_broadcasts_are_named_so():
+    report = _fail(_stops_one_step_early, 2, pg_timeout=3).desync
+    parts = [c.where.rpartition("(")[2] for c in report.traces[0].calls if c.op == "broadcast"]
+    assert parts == ["DDP's constructor)"] * 2 + ["DDP's bucket rebuild)"] * 2

@@ -21,7 +21,7 @@ _CONSEQUENCE = re.compile(
 )
 # A collective's own failure (a peer gone, a timeout, gloo's size check).
 _COLLECTIVE = re.compile(_CONSEQUENCE.pattern + r"|gloo|"
-                         r"Detected mismatch between collectives", re.IGNORECASE)
+                         r"Detected mismatch between collectives|monitoredBarrier", re.IGNORECASE)
 
 
 def is_collective_error(message: str) -> bool:

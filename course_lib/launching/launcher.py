@@ -69,8 +69,9 @@ def launch(
     Any failure, or `timeout` seconds passing, raises one DistributedError naming every
     failing rank. `pg_timeout` is the process group's collective timeout (default: 30 s,
     or less when `timeout` is shorter). `env` may set OMP_NUM_THREADS (default 1).
-    `desync_report` records every rank's collectives with PyTorch's flight recorder, so
-    that a failed launch's error shows them side by side, the first difference marked.
+    `desync_report` reads every rank's collectives from PyTorch's flight recorder (on by
+    default in torch 2.13), so that a failed launch's error shows them side by side, the
+    first difference marked.
     """
     args, kwargs, env = check_launch_args(fn, world_size, args, kwargs, timeout, env)
     backend = choose_backend(backend, world_size, env)

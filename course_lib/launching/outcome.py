@@ -86,9 +86,10 @@ def _desync(workers: list[Worker],
         calls = desync_report.calls_from(dump) if dump else []
         failure = by_rank.get(w.rank)
         text = f"{failure.message}\n" + "\n".join(failure.output_tail) if failure else ""
-        traces.append(desync_report.RankTrace(w.rank, calls, _ended(failure),
-                                              _inside(failure, calls),
-                                              dumped=dump is not None, text=text))
+        traces.append(desync_report.RankTrace(
+            w.rank, calls, _ended(failure), _inside(failure, calls),
+            collective_error=failure is not None and failure.kind == "exception"
+            and is_collective_error(failure.message), dumped=dump is not None, text=text))
     return desync_report.build(traces, backend=workers[0].spec.backend)
 
 

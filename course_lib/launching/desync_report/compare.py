@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from course_lib.launching.desync_report.trace import Call, RankTrace
 
@@ -19,7 +20,23 @@ from course_lib.launching.desync_report.trace import Call, RankTrace
 # in your code?"; the receiving rank aborts (SIGABRT) with it on stderr.
 GLOO_MISMATCH = re.compile(r"Received data size doesn't match|collective mismatch")
 _BYTES = re.compile(r"(\d+) vs (\d+)\. Received data size")
+# torch's own checks, raised from inside the collective call: TORCH_DISTRIBUTED_DEBUG=DETAIL's
+# fingerprint check ("Detected mismatch between collectives on ranks ... Collectives differ
+# in the following aspects: ...") and monitored_barrier ("Ranks 2 failed to pass
+# monitoredBarrier in 2000 ms"), both in torch 2.13's ProcessGroupWrapper / ProcessGroupGloo.
+_DETAIL = re.compile(r"Detected mismatch between collectives.*?differ in the following "
+                     r"aspects:\s*(?P<said>[^\n]*)", re.S)
+_MONITORED = re.compile(r"(?P<said>Ranks? [\d, ]+ failed to pass monitoredBarrier in \d+ ms)")
 SITES_SHOWN = 2  # call sites whose counts differ, at most
+
+
+class TorchCheck(NamedTuple):
+    """One of torch's own checks that named the problem: which rank raised it, which check
+    ("detail" or "monitored_barrier"), and what it said."""
+
+    rank: int
+    check: str
+    said: str
 
 
 @dataclass
@@ -29,7 +46,8 @@ class Comparison:
     first_difference: the first sequence number where the ranks differ (None: they agree);
     missing: ranks that left no dump; mismatch: ranks where gloo's size check fired, and
     mismatch_bytes (received, expected) from its message; raised_outside: ranks that raised
-    an exception of their own outside any collective (the cause); nccl: the backend was
+    an exception of their own outside any collective (the cause); torch_checks: torch's own
+    checks that named the problem (one per check, the first rank's); nccl: the backend was
     NCCL, which the recorder's dump does not cover; site_split: an earlier collective that
     matched in kind and shape but came from different lines; uneven_sites: call sites whose
     collective counts differ between ranks, with each rank's count.
@@ -41,6 +59,7 @@ class Comparison:
     mismatch: list[int] = field(default_factory=list)
     mismatch_bytes: tuple[int, int] | None = None
     raised_outside: list[int] = field(default_factory=list)
+    torch_checks: list[TorchCheck] = field(default_factory=list)
     nccl: bool = False
     site_split: int | None = None
     uneven_sites: list[tuple[str, dict[int, int]]] = field(default_factory=list)
@@ -59,10 +78,10 @@ def compare(traces: list[RankTrace], backend: str = "gloo") -> Comparison:
     return Comparison(
         traces, diff, missing=[t.rank for t in traces if not t.dumped], mismatch=mismatch,
         mismatch_bytes=_bytes(traces, mismatch[0]) if mismatch else None,
-        raised_outside=[t.rank for t in traces
-                        if t.ended.startswith("raised") and not t.inside],
-        nccl=backend == "nccl", site_split=_site_split(traces, diff),
-        uneven_sites=_uneven_sites(traces))
+        raised_outside=[t.rank for t in traces if t.ended.startswith("raised")
+                        and not (t.inside or t.collective_error)],
+        torch_checks=_torch_checks(traces), nccl=backend == "nccl",
+        site_split=_site_split(traces, diff), uneven_sites=_uneven_sites(traces))
 
 
 def _by_kind(call: Call) -> Hashable:
@@ -88,6 +107,18 @@ def _bytes(traces: list[RankTrace], rank: int) -> tuple[int, int] | None:
     """(received, expected) from gloo's size-check message on `rank`, None if not given."""
     sizes = _BYTES.search(next(t.text for t in traces if t.rank == rank))
     return (int(sizes[1]), int(sizes[2])) if sizes else None
+
+
+def _torch_checks(traces: list[RankTrace]) -> list[TorchCheck]:
+    """What torch's own checks said, the first rank's words for each check."""
+    found: dict[str, TorchCheck] = {}
+    for t in traces:
+        for check, pattern in (("detail", _DETAIL), ("monitored_barrier", _MONITORED)):
+            match = pattern.search(t.text)
+            if match and check not in found:
+                said = re.sub(r"(\S)vs ", r"\1 vs ", " ".join(match["said"].split()))
+                found[check] = TorchCheck(t.rank, check, said)
+    return list(found.values())
 
 
 def _site_split(traces: list[RankTrace], diff: int | None) -> int | None:

@@ -18,8 +18,9 @@ def summary(c: Comparison) -> str:
 
 def lead(c: Comparison) -> str:
     """The sentences that outrank the comparison, "" when none: NCCL is not covered, a
-    rank's own exception is the cause, gloo's size check saw a desync."""
-    return " ".join(p for p in (_nccl_note(c), _raised_note(c), _mismatch_note(c)) if p)
+    rank's own exception is the cause, torch's or gloo's own check saw the problem."""
+    notes = (_nccl_note(c), _raised_note(c), _torch_note(c), _mismatch_note(c))
+    return " ".join(p for p in notes if p)
 
 
 def comparison(c: Comparison) -> str:
@@ -81,6 +82,17 @@ def _raised_note(c: Comparison) -> str:
                      for t in c.traces if t.rank in c.raised_outside)
     return (f"{said}: that exception is the cause (its traceback comes first); the table only "
             "shows where the other ranks were waiting for it.")
+
+
+_CHECKS = {"detail": "TORCH_DISTRIBUTED_DEBUG=DETAIL's check found the ranks in different "
+                     "collectives",
+           "monitored_barrier": "monitored_barrier named the rank(s) that never reached it"}
+
+
+def _torch_note(c: Comparison) -> str:
+    """What torch's own checks said, raised from the collective call itself."""
+    return " ".join(f"{_CHECKS[k.check]} (rank {k.rank}'s error): \"{k.said}\"."
+                    for k in c.torch_checks)
 
 
 def _mismatch_note(c: Comparison) -> str:

@@ -7,6 +7,7 @@ collective (returned, raised, still running) comes from the launcher, not the re
 
 from __future__ import annotations
 
+import linecache
 import os
 import pickle
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ class RankTrace:
     calls: list[Call]
     ended: str  # "returned", "raised RuntimeError", "still running", ...
     inside: bool = False  # it was blocked in its last collective when it ended
+    collective_error: bool = False  # it raised from a collective call, recorded or not
     dumped: bool = True  # False: no flight-recorder dump (killed by a signal)
     text: str = ""  # its error message and last output lines (where gloo prints an abort)
 
@@ -93,9 +95,11 @@ def _is_launch_barrier(entry: Entry) -> bool:
 
 
 # What DDP is doing when one of its functions issues a collective (torch 2.13's names).
-_DDP_PARTS = [("_sync_buffers", "DDP's buffer broadcast"),
-              ("_rebuild_buckets", "DDP's bucket rebuild"), ("_pre_forward", "DDP's forward"),
+_DDP_PARTS = [("_sync_buffers", "DDP's buffer broadcast"), ("_pre_forward", "DDP's forward"),
               ("__init__", "DDP's constructor"), ("backward", "backward")]
+# DDP's bucket rebuild is C++ (reducer._rebuild_buckets), called from one line of Python:
+# its broadcasts show that line, whose source names it (torch 2.13: distributed.py:1775).
+_REBUILD = "_rebuild_buckets"
 
 
 def _where(frames: list[Entry]) -> tuple[str, str]:
@@ -103,7 +107,14 @@ def _where(frames: list[Entry]) -> tuple[str, str]:
     autograd) was doing when the learner did not call it directly; and that frame's file."""
     own = next((f for f in frames if _TORCH not in f["filename"]
                 and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
-    names = {f["name"] for f in (frames[:frames.index(own)] if own else frames)}
+    part = _part(frames[:frames.index(own)] if own else frames)
     text = f"{own['name']}, line {own['line']}" if own else "inside torch"
-    part = next((label for name, label in _DDP_PARTS if name in names), None)
     return (f"{text} ({part})" if part else text), (own["filename"] if own else "")
+
+
+def _part(inner: list[Entry]) -> str | None:
+    """What DDP (or autograd) was doing, from the frames inside torch."""
+    if any(_REBUILD in linecache.getline(f["filename"], f["line"]) for f in inner[:1]):
+        return "DDP's bucket rebuild"
+    names = {f["name"] for f in inner}
+    return next((label for name, label in _DDP_PARTS if name in names), None)
