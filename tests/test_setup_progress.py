@@ -2,7 +2,7 @@
 download with its size, and in a log (CI) a line at least every SETUP_PROGRESS_EVERY seconds
 (20 by default, so at least every 30 s), with pip's noise left out and pip's exit status
 deciding. Run against a stand-in pip that prints what pip 26 prints and sleeps between
-lines, with time scaled down (a line every 1 s, silences of 3 s): nothing is installed."""
+lines, with time scaled down (a line every 2 s, silences of 6 s): nothing is installed."""
 
 import os
 import shutil
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-EVERY = 1.0  # scaled down from 20 s
-SILENCE = 3.0  # pip quiet for this long: without progress lines, a gap of 3 s
+EVERY = 2.0  # scaled down from 20 s
+SILENCE = 6.0  # pip quiet for this long: without progress lines, a gap of 6 s
 
 # What pip 26 prints for `pip install --progress-bar raw torch` (lines copied from a real
 # run here, sizes made up), with silences where pip downloads, unpacks and installs.
@@ -97,7 +97,8 @@ def test_setup_prints_a_line_at_least_every_interval_with_steps_and_sizes(fake_c
     status, lines = timed_lines(["bash", "scripts/setup"], fake_course, setup_env())
     text = "\n".join(line for _, line in lines)
     assert status == 0, text
-    assert longest_gap(lines) < EVERY + 1.5, lines  # pip alone is silent for 3 s at a time
+    # pip alone is silent for 6 s at a time; 3 s of slack for a machine under heavy load
+    assert longest_gap(lines) < EVERY + 3, lines
     for step in ("[1/3] pip itself", "[2/3] torch (torch==2.13.0)", "[3/3] the course"):
         assert step in text
     assert "downloading torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl (192 MB)" in text
