@@ -368,8 +368,3 @@ def test_a_state_snapshot_is_a_detached_copy():
     with torch.no_grad():
         model.weight.add_(1.0)
     assert not torch.equal(state["weight"], model.weight) and not state["weight"].requires_grad
-
-
-def test_listing_reads_as_a_sentence():
-    assert [common.listing(x) for x in ([2], [2, 3], [2, 3, 4])] == ["2", "2 and 3",
-                                                                     "2, 3 and 4"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec
 
@@ -17,6 +17,7 @@ from course_lib.launching import DistributedError, launch
 from course_lib.launching.headline import headline_first
 from course_lib.launching.launcher import PG_TIMEOUT_MAX_S
 from course_lib.protocol import STUB_MARKER
+from course_lib.words import listing as listing  # re-exported: lessons 06-15 import it here
 
 # Seconds one launch of a check may run before its ranks are stopped and the learner gets a
 # hint (a hang never leaves a stuck kernel). Measured on 2 cores shared with other jobs (load
@@ -279,9 +280,3 @@ class RecordingSGD(torch.optim.SGD):
     def step(self, closure: Any = None) -> Any:
         self.seen.append(flat_grad([p for g in self.param_groups for p in g["params"]]))
         return super().step(closure)
-
-
-def listing(items: Iterable[Any]) -> str:
-    """'2', '2 and 3', '2, 3 and 4': world sizes or ranks in a sentence."""
-    words = [str(x) for x in items]
-    return " and ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} and {words[-1]}"

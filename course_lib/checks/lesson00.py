@@ -19,8 +19,8 @@ from course_lib.checks.common import (
     at_world_sizes,
     check,
     close,
-    listing,
 )
+from course_lib.words import listing
 
 RANDOM_COUNT = 8
 RANDOM_SEEDS = {2: 2024, 3: 77}  # per world size: a fixed-seed answer returns the same both times

@@ -20,8 +20,8 @@ from course_lib.checks.common import (
     at_world_sizes,
     check,
     differing,
-    listing,
 )
+from course_lib.words import listing
 
 GRAD_WORLD_SIZES = (2, 4)  # 4 catches "divide by 2"; the shards below also differ in content
 BROADCAST_WORLD_SIZES = (2, 3)

@@ -17,14 +17,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib import devices
-from course_lib.checks.common import (
-    CHECK_TIMEOUT,
-    Rejected,
-    at_world_sizes,
-    check,
-    listing,
-    on_ranks,
-)
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, on_ranks
+from course_lib.words import listing
 
 # world size -> (GPUs, ranks) per machine: a GPU per rank, 2 machines x 2 GPUs, 1 x 3 GPUs
 GPU_LAYOUTS = {4: (2, 2), 3: (3, 3)}

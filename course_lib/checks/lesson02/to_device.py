@@ -19,10 +19,10 @@ from course_lib.checks.common import (
     at_world_sizes,
     check,
     close,
-    listing,
     same,
 )
 from course_lib.teach import placement
+from course_lib.words import listing
 
 DEVICE = "meta"  # the stand-in for cuda:LOCAL_RANK in the placement check
 

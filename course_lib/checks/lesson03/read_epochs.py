@@ -11,8 +11,9 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, listing
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check
 from course_lib.checks.lesson03.counted_reads import CountedReads, platform_start_method
+from course_lib.words import listing
 
 READ_WORLD_SIZES = (2, 3)
 READ_SAMPLES, READ_EPOCHS, READ_BATCH = 24, 3, 4

@@ -16,12 +16,12 @@ from course_lib.checks.common import (
     Rejected,
     at_world_sizes,
     check,
-    listing,
     same,
     state_snapshot,
 )
 from course_lib.checks.lesson03.counted_reads import SEED
 from course_lib.telemetry import Recorder
+from course_lib.words import listing
 
 UNEVEN_BATCHES = ((3, 5), (4, 2, 5))  # batches per rank, at 2 and at 3 ranks
 # A rank left waiting in a collective fails after this (common.on_ranks: or half the check's

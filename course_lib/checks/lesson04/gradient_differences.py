@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, close, listing
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, close
+from course_lib.words import listing
 
 DIFF_WORLD_SIZES = (2, 4)
 SEED = 4

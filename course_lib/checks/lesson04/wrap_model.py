@@ -19,9 +19,9 @@ from course_lib.checks.common import (
     at_world_sizes,
     check,
     differing,
-    listing,
     state_snapshot,
 )
+from course_lib.words import listing
 
 WRAP_WORLD_SIZES = (2, 3)
 TASKS = "aabab"  # step 0 leaves head_b unused; the set of used heads changes from step 2 on

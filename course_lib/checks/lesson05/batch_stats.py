@@ -13,7 +13,8 @@ import torch
 import torch.distributed as dist
 
 from course_lib.checks.collectives import recorded
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, listing, same
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, same
+from course_lib.words import listing
 
 # Rows per rank at each world size: unequal, so that a plain average of averages, or a
 # count taken as len(x) * world_size, is wrong at both sizes.

@@ -15,14 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.checks.common import (
-    CHECK_TIMEOUT,
-    Rejected,
-    at_world_sizes,
-    check,
-    listing,
-    state_snapshot,
-)
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, state_snapshot
+from course_lib.words import listing
 
 SEED = 5
 EVAL_WORLD_SIZES = (2, 3)
