@@ -79,6 +79,13 @@ def tree(compute_s, n_params, world_size, link):
         link.gbit_per_s * 1e9)
 
 
+def tree_whole_steps(compute_s, n_params, world_size, link):
+    """A review's wrong answer: a tree with ceil(log2 N) levels."""
+    messages = 2 * math.ceil(math.log2(world_size))
+    return compute_s + messages * link.latency_ms / 1e3 + 2 * 32 * n_params / (
+        link.gbit_per_s * 1e9)
+
+
 def two_ranks_always(compute_s, n_params, world_size, link):
     return with_link_seconds(compute_s, n_params, 2, link)
 
@@ -126,7 +133,8 @@ PREDICT_STEP_TIME = [
     (reduce_scatter_bytes, "your bytes term is half the ring's"),
     (half_ring, "you counted half the ring"),
     (overlapped, "you took the larger of compute and communication"),
-    (tree, "you used a tree's cost"),
+    (tree, "you used a tree's cost (2 log2 N messages"),
+    (tree_whole_steps, "you used a tree's cost (2 ceil(log2 N) messages"),
     (two_ranks_always, "your answer is the 2-rank time at every world size"),
 ]
 

@@ -99,6 +99,9 @@ def _wrong_formulas(compute: float, n: int, link: Link) -> dict[str, float]:
         "you used a tree's cost (2 log2 N messages, twice the bytes): the simulated link "
         "is a ring, 2(N-1) messages of 1/N of the bytes":
             compute + 2 * math.log2(n) * latency + 2 * bits,
+        "you used a tree's cost (2 ceil(log2 N) messages, twice the bytes): the simulated link "
+        "is a ring, 2(N-1) messages of 1/N of the bytes":
+            compute + 2 * math.ceil(math.log2(n)) * latency + 2 * bits,
         "you left out the link's latency (latency_ms is in milliseconds)":
             compute + ring * bits,
         "you counted 2N latencies: in each phase of the ring (reduce-scatter, then "
