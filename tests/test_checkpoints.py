@@ -1,6 +1,7 @@
 """The checkpoint helpers lessons 11 and 14 use: atomic verified files, random state and the
 whole training state round-tripped, and the fault injectors' memory limit."""
 
+import json
 import os
 import random
 import signal
@@ -273,17 +274,62 @@ def test_save_spy_follows_a_file_through_its_rename_and_ignores_memory(tmp_path)
     assert torch.save is not spy._save  # put back
 
 
-def test_save_spy_kills_the_process_half_way_through_a_save(tmp_path):
-    code = ("import sys, torch\n"
-            "from course_lib.teach.faults import SaveSpy\n"
-            "with SaveSpy() as spy:\n"
-            "    spy.kill = True\n"
-            "    torch.save({'w': torch.zeros(1 << 16)}, sys.argv[1])\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "c.pt")], timeout=120)
-    assert done.returncode == -signal.SIGKILL
+SPY_JOB = """
+import json, os, shutil, sys, torch
+from course_lib.teach.faults import SaveSpy
+folder, how = sys.argv[1], sys.argv[2]
+path, tmp = os.path.join(folder, "c.pt"), os.path.join(folder, "c.pt.tmp")
+torch.save({"w": torch.zeros(1 << 16)}, path)  # the previous checkpoint
+with SaveSpy() as spy:
+    spy.kill = True
+    new = {"w": torch.ones(1 << 16)}
+    if how == "in place":
+        torch.save(new, path)
+    elif how == "copy":
+        torch.save(new, tmp)
+        shutil.copyfile(tmp, path)
+    else:  # temporary file, rename, clean up an older file
+        torch.save(new, tmp)
+        os.replace(tmp, path)
+        os.remove(os.path.join(folder, "old.pt"))
+    spy.crash(os.path.join(folder, "report.json"))
+"""
+
+
+@pytest.mark.parametrize(("how", "cut"), [("in place", "torch.save"), ("copy", "shutil.copyfile"),
+                                          ("atomic", "torch.save")])
+def test_save_spy_leaves_the_files_of_a_save_cut_half_way(tmp_path, how, cut):
+    """The crash cuts the save's most dangerous write: a file written in place, a copy onto
+    the name; an atomic save is cut in its temporary file, with the rename (and the removal
+    after it) undone, so the previous checkpoint is intact."""
+    torch.save({"w": torch.zeros(1)}, tmp_path / "old.pt")
+    done = subprocess.run([sys.executable, "-c", SPY_JOB, str(tmp_path), how], timeout=120,
+                          capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["op"] == cut
     full = tmp_path / "full.pt"
-    torch.save({"w": torch.zeros(1 << 16)}, full)
-    half = (tmp_path / "c.pt").stat().st_size / full.stat().st_size
-    assert 0.4 < half < 0.6  # half of an in-memory save, whose zip layout differs a little
+    torch.save({"w": torch.ones(1 << 16)}, full)
+    if how == "atomic":
+        assert torch.load(tmp_path / "c.pt")["w"].sum() == 0  # the previous checkpoint
+        assert (tmp_path / "old.pt").exists()  # its removal came after the cut write
+        cut_file = tmp_path / "c.pt.tmp"
+    else:
+        cut_file = tmp_path / "c.pt"
+    assert 0.45 < cut_file.stat().st_size / full.stat().st_size < 0.55
     with pytest.raises(RuntimeError):
-        torch.load(tmp_path / "c.pt")
+        torch.load(cut_file)
+
+
+def test_save_spy_records_renames_and_copies(tmp_path):
+    import shutil
+
+    from course_lib.teach.faults import SaveSpy
+
+    with SaveSpy() as spy:
+        torch.save({"w": torch.ones(2)}, tmp_path / "a.tmp")
+        shutil.copy(tmp_path / "a.tmp", tmp_path / "b.pt")
+        os.replace(tmp_path / "a.tmp", tmp_path / "a.pt")
+    assert spy.written == [str(tmp_path / "a.pt"), str(tmp_path / "b.pt")]
+    assert spy.renames == [(str(tmp_path / "a.tmp"), str(tmp_path / "a.pt"))]
+    assert shutil.copyfile is spy._saved["copyfile"]  # put back

@@ -1,13 +1,14 @@
 """Real faults for lesson 11, injected from inside a launch: a rank SIGKILLed while a file is
-half written (by a watcher, or from inside torch.save: `SaveSpy`), SIGTERM sent to every
+half written (by a watcher, or as `SaveSpy` leaves a save cut half-way), SIGTERM sent to every
 rank's process group as torchrun sends it, and a per-process
 memory limit under which a large allocation really fails."""
 
 from __future__ import annotations
 
-import io
+import json
 import os
 import resource
+import shutil
 import signal
 import threading
 import time
@@ -89,26 +90,41 @@ def limit_memory(extra_bytes: int) -> int:
 
 
 class SaveSpy:
-    """Within `with SaveSpy() as spy:`, this process's torch.save and os.replace/os.rename
-    are watched: `spy.written` lists where each saved file ended up (after any rename), as
-    absolute paths. Set `spy.delay` (seconds) to make each torch.save wait before it writes
-    (a slow disk), or `spy.kill = True` to SIGKILL this process in the middle of the next
-    torch.save, once half of its bytes are on disk."""
+    """Within `with SaveSpy() as spy:`, this process's torch.save, shutil.copyfile (and so
+    shutil.copy, copy2), os.replace/os.rename and os.remove/os.unlink are watched.
+    `spy.written` lists where each saved or copied file ended up (after any rename), as
+    absolute paths; `spy.renames` every (source, target) renamed. Set `spy.delay` (seconds) to
+    make each torch.save wait before it writes (a slow disk).
+
+    A crash in the middle of a save: set `spy.kill = True`, let the save run, then call
+    `spy.crash()`. It puts the files back as they were at the moment the save's most
+    dangerous write was half done, and SIGKILLs this process. That write is the first copy
+    (a copy rewrites its target in place), else the first torch.save whose file is still
+    there when the save ends (written in place, never renamed), else the last torch.save (a
+    temporary file, renamed later): what came after it is undone, and its file is cut to
+    half its bytes."""
 
     def __init__(self) -> None:
         self.written: list[str] = []
+        self.renames: list[tuple[str, str]] = []
         self.delay, self.kill = 0.0, False
+        self._ops: list[dict[str, Any]] = []  # while kill is set: each write, rename, removal
         self._saved: dict[str, Any] = {}
 
     def __enter__(self) -> SaveSpy:
-        self._saved = {"save": torch.save, "replace": os.replace, "rename": os.rename}
+        self._saved = {"save": torch.save, "replace": os.replace, "rename": os.rename,
+                       "copyfile": shutil.copyfile, "remove": os.remove, "unlink": os.unlink}
         torch.save = torch.serialization.save = self._save
         os.replace, os.rename = self._renamer("replace"), self._renamer("rename")
+        os.remove, os.unlink = self._remover("remove"), self._remover("unlink")
+        shutil.copyfile = self._copyfile
         return self
 
     def __exit__(self, *exc: Any) -> None:
         torch.save = torch.serialization.save = self._saved["save"]
         os.replace, os.rename = self._saved["replace"], self._saved["rename"]
+        os.remove, os.unlink = self._saved["remove"], self._saved["unlink"]
+        shutil.copyfile = self._saved["copyfile"]
 
     def _save(self, obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         name = self._file_name(f)
@@ -116,22 +132,83 @@ class SaveSpy:
             self._saved["save"](obj, f, *args, **kwargs)
             return
         time.sleep(self.delay)
-        if not self.kill:
-            self._saved["save"](obj, f, *args, **kwargs)
-            self.written.append(name)
-            return
-        buffer = io.BytesIO()
-        self._saved["save"](obj, buffer, *args, **kwargs)
-        half = buffer.getvalue()[: len(buffer.getvalue()) // 2]
-        if isinstance(f, (str, os.PathLike)):
-            with open(f, "wb") as out:
-                out.write(half)
-                out.flush()
-                os.fsync(out.fileno())
-        else:
-            f.write(half)
-            f.flush()
+        before = _contents(name) if self.kill else None
+        self._saved["save"](obj, f, *args, **kwargs)
+        self.written.append(name)
+        if self.kill:
+            self._ops.append({"kind": "write", "op": "torch.save", "target": name,
+                              "before": before})
+
+    def _copyfile(self, src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+        target = os.path.abspath(os.fspath(dst))
+        before = _contents(target) if self.kill else None
+        done = self._saved["copyfile"](src, dst, *args, **kwargs)
+        self.written.append(target)
+        if self.kill:
+            self._ops.append({"kind": "write", "op": "shutil.copyfile", "target": target,
+                              "before": before, "source": os.path.abspath(os.fspath(src))})
+        return done
+
+    def _renamer(self, which: str) -> Any:
+        def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            paths = isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike))
+            old = os.path.abspath(os.fspath(src)) if paths else None
+            new = os.path.abspath(os.fspath(dst)) if paths else None
+            before = _contents(new) if paths and self.kill else None
+            self._saved[which](src, dst, *args, **kwargs)
+            if not paths:
+                return
+            self.renames.append((old, new))
+            self.written = [new if w == old else w for w in self.written]
+            if self.kill:
+                self._ops.append({"kind": "rename", "op": f"os.{which}", "source": old,
+                                  "target": new, "before": before})
+        return rename
+
+    def _remover(self, which: str) -> Any:
+        def remove(path: Any, *args: Any, **kwargs: Any) -> None:
+            name = (os.path.abspath(os.fspath(path)) if isinstance(path, (str, os.PathLike))
+                    else None)
+            before = _contents(name) if name and self.kill else None
+            self._saved[which](path, *args, **kwargs)
+            if name and self.kill and before is not None:
+                self._ops.append({"kind": "remove", "op": f"os.{which}", "target": name,
+                                  "before": before})
+        return remove
+
+    def crash(self, report: str | os.PathLike | None = None) -> None:
+        """Leave the files as a SIGKILL half-way through the save's most dangerous write
+        would (see the class), write what that write was to `report` (JSON), and die."""
+        writes = [i for i, op in enumerate(self._ops) if op["kind"] == "write"]
+        copies = [i for i in writes if self._ops[i]["op"] == "shutil.copyfile"]
+        kept = [i for i in writes if self._still_there(i)]
+        chosen = (copies or kept or writes[-1:] or [None])[0]
+        if chosen is not None:
+            for op in reversed(self._ops[chosen + 1:]):
+                self._undo(op)
+            target = self._ops[chosen]["target"]
+            _write(target, _contents(target)[: os.path.getsize(target) // 2])
+        if report is not None:
+            op = self._ops[chosen] if chosen is not None else {}
+            with open(report, "w") as f:
+                json.dump({k: op.get(k) for k in ("op", "source", "target")}, f)
         os.kill(os.getpid(), signal.SIGKILL)
+
+    def _still_there(self, index: int) -> bool:
+        """Whether the file written by op `index` is still where it was written at the end:
+        not renamed away, removed or written over later."""
+        target = self._ops[index]["target"]
+        return not any(op.get("source") == target or op["target"] == target
+                       for op in self._ops[index + 1:])
+
+    def _undo(self, op: dict[str, Any]) -> None:
+        """Put the files back as they were before `op`."""
+        if op["kind"] == "rename":
+            self._saved["replace"](op["target"], op["source"])
+        if op["before"] is not None:
+            _write(op["target"], op["before"])
+        elif op["kind"] == "write":
+            self._saved["unlink"](op["target"])
 
     @staticmethod
     def _file_name(f: Any) -> str | None:
@@ -139,11 +216,19 @@ class SaveSpy:
         name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else getattr(f, "name", None)
         return os.path.abspath(name) if isinstance(name, str) else None
 
-    def _renamer(self, which: str) -> Any:
-        def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            self._saved[which](src, dst, *args, **kwargs)
-            if isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike)):
-                old = os.path.abspath(os.fspath(src))
-                self.written = [os.path.abspath(os.fspath(dst)) if w == old else w
-                                for w in self.written]
-        return rename
+
+
+def _contents(path: str | None) -> bytes | None:
+    """A file's bytes, or None when there is no such file."""
+    try:
+        with open(path, "rb") as f:  # type: ignore[arg-type]
+            return f.read()
+    except (OSError, TypeError):
+        return None
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

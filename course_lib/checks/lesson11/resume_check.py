@@ -58,7 +58,9 @@ def check_resume(checkpointer_class: Callable, timeout: float = CHECK_TIMEOUT) -
                 _judge_size(checkpointer_class, n, kill_at, in_save, timeout)
             except Rejected as wrong:
                 where = f"right on {listing(done)} ranks; " if done else ""
-                raise Rejected(f"{where}on {n} ranks, {how}: {wrong}", wrong.failure) from None
+                # a probe's hint is about the first save, not about the kill
+                context = "" if isinstance(wrong, _FirstSave) else f", {how}"
+                raise Rejected(f"{where}on {n} ranks{context}: {wrong}", wrong.failure) from None
             done.append(f"{n} ({how})")
         return (f"on {listing(done)} ranks, the relaunched job resumed from its last complete "
                 f"checkpoint and ended with the uninterrupted run's weights on every rank "
@@ -73,20 +75,16 @@ def _judge_size(checkpointer_class: Callable, n: int, kill_at: int, in_save: boo
         os.mkdir(folder)
         os.mkdir(probes)
         _first_launch(checkpointer_class, n, folder, (kill_at, in_save, probes), timeout)
-        hint = _probe_hint(probes, n) or _prefix_hint(folder)
+        hint = _probe_hint(probes, n, folder) or _prefix_hint(folder)
         if hint:
-            raise Rejected(hint)
+            raise _FirstSave(hint)
         try:
             results = on_ranks(job, checkpointer_class, n, (folder,), timeout)
         except Rejected as failed:
             if not in_save or failed.failure is None:
                 raise
-            raise Rejected(failed.failure.explained(
-                "the relaunch could not load the checkpoint the kill left behind: save() "
-                "wrote onto the file the relaunch loads, and the kill left half a file there "
-                "(the previous checkpoint was gone). Write to a temporary file in the same "
-                "folder, then os.replace() it onto the real name: the name then always "
-                "points at a complete file."), failed.failure) from None
+            raise Rejected(failed.failure.explained(_cut_hint(probes, n)),
+                           failed.failure) from None
     complete = {kill_at - EVERY, kill_at} if in_save else {kill_at // EVERY * EVERY}
     resumed = results[0]["resumed_at"]
     checkpoint_step = resumed if resumed in complete else max(complete)
@@ -117,12 +115,48 @@ def _first_launch(checkpointer_class: Callable, n: int, folder: str, plan: tuple
                    "(load, then train and save) as it is.")
 
 
-def _probe_hint(probes: str, n: int) -> str | None:
-    """What the loads right after the first save found, as a hint (None when all is well)."""
+class _FirstSave(Rejected):
+    """A hint from the first save's probe (its rename, its writers, the load right after
+    it), not from the kill."""
+
+
+def _cut_hint(probes: str, n: int) -> str:
+    """Why the relaunch could not load what the kill left: the write it cut, as a hint."""
+    cut = [_read_json(os.path.join(probes, f"crash{rank}.json")) for rank in range(n)]
+    copy = next((c for c in cut if c and c.get("op") == "shutil.copyfile"), None)
+    if copy:
+        name, tmp = os.path.basename(copy["target"]), os.path.basename(copy["source"])
+        return (f"the relaunch could not load the checkpoint the kill left behind: save() "
+                f"copied {tmp} onto {name} with shutil.copyfile, and a copy rewrites {name} "
+                f"in place, so the kill in the middle of it left half a file there (the "
+                f"previous checkpoint was gone). Rename the temporary file instead: "
+                f"os.replace({tmp!r}, {name!r}) is atomic, so the name always points at a "
+                "complete file.")
+    return ("the relaunch could not load the checkpoint the kill left behind: save() wrote "
+            "onto the file the relaunch loads, and the kill left half a file there (the "
+            "previous checkpoint was gone). Write to a temporary file in the same folder, "
+            "then os.replace() it onto the real name: the name then always points at a "
+            "complete file.")
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _probe_hint(probes: str, n: int, folder: str) -> str | None:
+    """What the first save did and what the loads right after it found, as a hint (None
+    when all is well)."""
     found = []
     for rank in range(n):
         with open(os.path.join(probes, f"rank{rank}.json")) as f:
             found.append(json.load(f))
+    hint = _rename_hint(found, folder)
+    if hint:
+        return hint
     writers: dict[str, list[int]] = {}
     for rank, f in enumerate(found):
         for path in set(f["written"]):
@@ -142,6 +176,25 @@ def _probe_hint(probes: str, n: int) -> str | None:
                     f"{EVERY}, ...) returned, and the load {what}: save() returned before the "
                     "file was written. End save() with dist.barrier() on every rank, so that "
                     "no rank goes on before rank 0 has finished writing.")
+    return None
+
+
+def _rename_hint(found: list[dict[str, Any]], folder: str) -> str | None:
+    """A hint when a save renamed a file from outside the checkpoint folder into it."""
+    inside = os.path.realpath(folder)
+    for f in found:
+        for source, target in f["renames"]:
+            into = os.path.realpath(os.path.dirname(target)).startswith(inside)
+            if into and not os.path.realpath(source).startswith(inside + os.sep):
+                where = os.path.dirname(source)
+                return (f"save() renamed {source} (in {where}, outside the checkpoint folder) "
+                        f"onto {os.path.basename(target)}. os.replace is atomic only within one "
+                        "file system, and on a cluster the temporary folder (tempfile's "
+                        "default, /tmp or $TMPDIR) is usually another one than the "
+                        "checkpoint folder (NFS, Lustre): there the rename fails with "
+                        "OSError: [Errno 18] Invalid cross-device link. Create the temporary "
+                        "file in the checkpoint's own folder (tempfile.mkstemp(dir=folder), "
+                        "or path + '.tmp').")
     return None
 
 

@@ -72,10 +72,11 @@ def _train_step(step: int, ddp_model: nn.Module, optimizer: Any, scheduler: Any,
 
 
 def job(checkpointer_class: Callable, folder: str, kill_at: int | None = None,
-         in_save: bool = False, probes: str | None = None) -> dict[str, Any]:
+        in_save: bool = False, probes: str | None = None) -> dict[str, Any]:
     """The given loop: load, train to TOTAL saving every EVERY steps, die after step
-    `kill_at` (`in_save`: in the middle of that step's save). With `probes`, right after the
-    first save every rank loads it into fresh objects and writes what it found there."""
+    `kill_at` (`in_save`: half-way through that step's save). With `probes`, right after the
+    first save every rank loads it into fresh objects and writes what it found there, and a
+    rank killed in a save writes which of its writes was cut."""
     model, ddp_model, optimizer, scheduler = _build()
     x, y = _data()
     sampler = DistributedSampler(range(SAMPLES), seed=0)
@@ -88,8 +89,7 @@ def job(checkpointer_class: Callable, folder: str, kill_at: int | None = None,
             step += 1
             if step % EVERY == 0:
                 _save(checkpointer_class, checkpointer, spy, step, (ddp_model, optimizer,
-                      scheduler), folder, probes if step == EVERY else None, in_save and
-                      step == kill_at)
+                      scheduler), folder, probes, in_save and step == kill_at)
             if step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)  # the job dies here, on every rank
     return {"resumed_at": resumed_at, "weights": state_snapshot(model)}
@@ -97,18 +97,23 @@ def job(checkpointer_class: Callable, folder: str, kill_at: int | None = None,
 
 def _save(checkpointer_class: Callable, checkpointer: Any, spy: SaveSpy, step: int,
           objects: tuple, folder: str, probes: str | None, kill: bool) -> None:
-    """checkpointer.save, killed half-way through its torch.save (`kill`), or probed."""
-    if probes is None:
-        spy.kill = kill
+    """checkpointer.save; cut half-way (`kill`: the spy's crash), or, the first time,
+    probed: a load right after it returned, with rank 0's write made slow."""
+    rank = dist.get_rank()
+    if kill:
+        spy.kill = True
+        checkpointer.save(step, *objects)
+        spy.crash(os.path.join(probes, f"crash{rank}.json") if probes else None)
+    if probes is None or step != EVERY:
         checkpointer.save(step, *objects)
         return
     fresh = _fresh_objects()
-    spy.delay = SLOW_SAVE_S if dist.get_rank() == 0 else 0.0
+    spy.delay = SLOW_SAVE_S if rank == 0 else 0.0
     checkpointer.save(step, *objects)
     spy.delay = 0.0
     found = _load_at_once(checkpointer_class, folder, fresh)
-    with open(os.path.join(probes, f"rank{dist.get_rank()}.json"), "w") as f:
-        json.dump({**found, "written": spy.written}, f)
+    with open(os.path.join(probes, f"rank{rank}.json"), "w") as f:
+        json.dump({**found, "written": spy.written, "renames": spy.renames}, f)
 
 
 def _fresh_objects() -> tuple:
