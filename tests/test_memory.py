@@ -149,3 +149,10 @@ def test_calculator_matches_what_ranks_measured(world_size):
                 got = counts[strategy][part]
                 assert abs(got - value) <= 0.01 * max(value, 1), (
                     strategy, world_size, rank, part, got, value)
+
+
+def test_calculator_world_size_moves_through_powers_of_two():
+    """The world size is picked from 1, 2, 4, ..., 1024 (a linear 1-1024 slider made 2, 4
+    and 8 hard to pick), and the other labels are given room (issue 36 item 5)."""
+    ranks = memory_plan.calculator().children[1]
+    assert list(ranks.options) == [2**k for k in range(11)] and ranks.value == 8

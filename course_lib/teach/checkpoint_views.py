@@ -25,7 +25,8 @@ def plot_outcomes(runs: dict[str, Counter], title: str = "What the other ranks l
 
     kinds = sorted({k for counts in runs.values() for k in counts},
                    key=lambda k: (k != "the new checkpoint", k))
-    fig = new_figure(5.2 * len(runs), 1.2 + 0.45 * len(kinds))
+    # At most 8.2 in: no wider than JupyterLab's notebook (about 850 px), which would shrink it
+    fig = new_figure(min(8.2, 5.2 * len(runs)), 1.2 + 0.45 * len(kinds))
     axes = fig.subplots(1, len(runs), sharey=True, squeeze=False)
     for ax, (name, counts) in zip(axes[0], runs.items()):
         values = [counts.get(k, 0) for k in kinds]

@@ -5,6 +5,7 @@ the textbook prediction of the same bytes, and their pictures and calculator."""
 from __future__ import annotations
 
 import contextlib
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -200,7 +201,7 @@ def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
     from course_lib.plots.style import BLACK, BLUE, GREEN, ORANGE, PURPLE, SKY, new_figure
 
     colors = dict(zip(PARTS, (BLUE, ORANGE, GREEN, PURPLE, SKY)))
-    fig = new_figure(max(8.0, 0.32 * sum(len(r) for r in measured.values()) + 3), 4.2)
+    fig = new_figure(8.2, 4.6)  # no wider than JupyterLab's notebook (about 850 px)
     ax = fig.subplots()
     x, ticks, labels, top = 0.0, [], [], 0.0
     for key, ranks in measured.items():
@@ -217,7 +218,7 @@ def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
         ax.hlines(total, start - 0.45, x - 0.55, color=BLACK, linewidth=2.5,
                   label="formula (no activations)" if start == 0 else None)
         ticks.append((start + x - 1) / 2)
-        name = key[0].replace(", ", "\n")
+        name = "\n".join(textwrap.wrap(key[0].replace(",", ""), 8))
         labels.append(f"{name}\n{key[1]} ranks")
         x += 0.8
     ax.set_xticks(ticks, labels, fontsize="small")
@@ -225,7 +226,8 @@ def plot_per_rank(measured: dict[tuple[str, int], list[dict[str, int]]],
     ax.set_ylabel("MiB held by each rank (one bar per rank)")
     ax.set_title("Where each rank's training memory goes (measured by tensor accounting)",
                  fontsize="medium")
-    ax.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3,
+               fontsize="small")
     return fig
 
 

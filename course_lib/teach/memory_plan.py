@@ -14,7 +14,7 @@ def plot_losses(curves: dict[str, list[float]], reference: str):
     from course_lib.plots.charts import series_style
     from course_lib.plots.style import BLACK, new_figure
 
-    fig = new_figure(8.4, 3.6)
+    fig = new_figure(8.2, 3.6)
     left, right = fig.subplots(1, 2)
     want = curves[reference]
     steps = range(1, len(want) + 1)
@@ -51,28 +51,35 @@ def readable(n_bytes: float) -> str:
     return f"{n_bytes:.4g} TiB"
 
 
+WORLD_SIZES = tuple(2**k for k in range(11))  # the calculator's world sizes: 1, 2, 4, ..., 1024
+
+
 def calculator():
     """A widget: parameters, world size, strategy, precision, optimizer, the largest unit and
-    DDP's gradient_as_bucket_view -> bytes per rank, from `predict`."""
+    DDP's gradient_as_bucket_view -> bytes per rank, from `predict`. Every label fits its
+    box at JupyterLab's width (the browser check fails on a label cut with an ellipsis), and
+    the world size moves through powers of two."""
     import ipywidgets as widgets
 
-    wide = {"description_width": "11em"}
-    layout = widgets.Layout(width="34em")
+    wide = {"description_width": "15em"}  # the longest label, "largest unit, % of model"
+    layout = widgets.Layout(width="38em")
+    menu = widgets.Layout(width="28em")  # room for "bf16 DeepSpeed" beside its label
     n = widgets.FloatLogSlider(value=7e9, base=10, min=4, max=12, step=1e-4,
                                readout_format=".3g", description="parameters", style=wide,
                                layout=layout)
-    ranks = widgets.IntSlider(value=8, min=1, max=1024, description="world size", style=wide,
-                              layout=layout)
+    ranks = widgets.SelectionSlider(options=WORLD_SIZES, value=8, description="world size",
+                                    style=wide, layout=layout)
     strategy = widgets.Dropdown(options=STRATEGIES, value="FSDP2", description="strategy",
-                                style=wide)
+                                layout=menu, style=wide)
     precision = widgets.Dropdown(options=list(PRECISIONS), value="bf16 PyTorch",
-                                 description="precision", style=wide)
+                                 description="precision", layout=menu, style=wide)
     optimizer = widgets.Dropdown(options=list(OPTIMIZERS), value="Adam",
-                                 description="optimizer", style=wide)
+                                 description="optimizer", layout=menu, style=wide)
     unit = widgets.FloatSlider(value=3.0, min=0.1, max=100, step=0.1, style=wide,
-                               description="largest unit (% of model)", layout=layout)
-    view = widgets.Checkbox(value=False, description="DDP gradient_as_bucket_view=True",
-                            style=wide)
+                               description="largest unit, % of model", layout=layout)
+    view = widgets.Checkbox(value=False, description="gradient_as_bucket_view=True (DDP)",
+                            indent=False, layout=widgets.Layout(width="auto",
+                                                                margin="0 0 0 15em"))
     out = widgets.HTML()
 
     def redraw(_: object = None) -> None:
