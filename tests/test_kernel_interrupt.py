@@ -19,11 +19,18 @@ launch(hang, 2, args=(FOLDER,), timeout=120, backend="gloo")
 """
 
 
+def _reply(client, msg_id, timeout):
+    """The reply to msg_id. Under load, start_new_kernel's wait_for_ready sends kernel_info
+    more than once, and a late kernel_info_reply would otherwise read as this reply."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"]
+
+
 def _run(client, code, timeout=60):
-    msg_id = client.execute(code)
-    reply = client.get_shell_msg(timeout=timeout)
-    assert reply["parent_header"]["msg_id"] == msg_id
-    return reply["content"]
+    return _reply(client, client.execute(code), timeout)
 
 
 def test_stop_button_kills_workers_and_the_kernel_stays_usable(tmp_path):
@@ -32,7 +39,7 @@ def test_stop_button_kills_workers_and_the_kernel_stays_usable(tmp_path):
         for round_ in range(2):  # interrupting works again after the first time
             folder = tmp_path / str(round_)
             folder.mkdir()
-            client.execute(HANG.replace("FOLDER", repr(str(folder))))
+            msg_id = client.execute(HANG.replace("FOLDER", repr(str(folder))))
             deadline = time.monotonic() + 60
             while len(list(folder.glob("*.pid"))) < 2 or not all(
                     p.read_text() for p in folder.glob("*.pid")):
@@ -40,7 +47,7 @@ def test_stop_button_kills_workers_and_the_kernel_stays_usable(tmp_path):
                 time.sleep(0.05)
             pids = {int(p.read_text()) for p in folder.glob("*.pid")}
             manager.interrupt_kernel()
-            reply = client.get_shell_msg(timeout=30)["content"]
+            reply = _reply(client, msg_id, timeout=30)
             assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
             time.sleep(0.5)
             assert not alive(pids)

@@ -151,3 +151,12 @@ def test_each_xdist_worker_tags_its_own_processes(inherited, worker, tag):
         [sys.executable, "-c", "import os, procs; print(os.environ[procs.SESSION_VAR])"],
         cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == tag, out.stderr
+
+
+def test_bad_input_reads_from_its_message_in_ipython():
+    """IPython shows _render_traceback_(): the message first, not the launcher's frames."""
+    with pytest.raises(ValueError) as info:
+        launch(lambda: 1, 0, backend="gloo", echo=False)
+    shown = info.value._render_traceback_()
+    assert shown[0] == f"ValueError: {str(info.value).splitlines()[0]}"
+    assert not any("course_lib" + os.sep in line for line in shown)

@@ -27,6 +27,7 @@ from course_lib.launching.forkserver import (
     start_worker,
     wait_until_ready,
 )
+from course_lib.launching.headline import headline_first
 from course_lib.launching.outcome import outcome
 from course_lib.launching.payload import pack
 from course_lib.launching.rank_main import WorkerSpec
@@ -73,12 +74,16 @@ def launch(
     default in torch 2.13), so that a failed launch's error shows them side by side, the
     first difference marked.
     """
-    args, kwargs, env = check_launch_args(fn, world_size, args, kwargs, timeout, env)
-    backend = choose_backend(backend, world_size, env)
-    payload = pack(fn, args, kwargs)
-    if pg_timeout is None:
-        pg_timeout = max(1.0, min(PG_TIMEOUT_MAX_S, timeout - 1.0))
-    check_seconds("pg_timeout", pg_timeout)
+    try:  # bad input: in a notebook, its message first, not the checks' frames
+        args, kwargs, env = check_launch_args(fn, world_size, args, kwargs, timeout, env)
+        backend = choose_backend(backend, world_size, env)
+        payload = pack(fn, args, kwargs)
+        if pg_timeout is None:
+            pg_timeout = max(1.0, min(PG_TIMEOUT_MAX_S, timeout - 1.0))
+        check_seconds("pg_timeout", pg_timeout)
+    except (TypeError, ValueError) as bad:
+        headline_first(bad)
+        raise
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(network.free_port()), **env}
     if desync_report:
         env.setdefault("TORCH_FR_BUFFER_SIZE", flight.BUFFER_SIZE)
