@@ -317,3 +317,12 @@ def test_ddp_s_bucket_rebuild_broadcasts_are_named_so():
     report = _fail(_stops_one_step_early, 2, pg_timeout=3).desync
     parts = [c.where.rpartition("(")[2] for c in report.traces[0].calls if c.op == "broadcast"]
     assert parts == ["DDP's constructor)"] * 2 + ["DDP's bucket rebuild)"] * 2
+
+
+def test_scatter_s_root_only_input_is_no_difference():
+    """Only the source rank passes scatter's list (as DTensor's distribute_tensor does)."""
+    traces = [RankTrace(0, [Call(1, "scatter", ((2, 8, 8),), "f, line 3", "f.py", True)],
+                        "raised ValueError"),
+              RankTrace(1, [Call(1, "scatter", (), "f, line 3", "f.py", True)],
+                        "raised ValueError")]
+    assert build(traces).first_difference is None

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from course_lib import launch
-from course_lib.launching.sockets import non_loopback, socket_addresses
+from course_lib.network import non_loopback, socket_addresses
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])

@@ -28,6 +28,9 @@ _DETAIL = re.compile(r"Detected mismatch between collectives.*?differ in the fol
                      r"aspects:\s*(?P<said>[^\n]*)", re.S)
 _MONITORED = re.compile(r"(?P<said>Ranks? [\d, ]+ failed to pass monitoredBarrier in \d+ ms)")
 SITES_SHOWN = 2  # call sites whose counts differ, at most
+# Collectives whose input only the root passes (scatter's list on its source; the others pass
+# none, and torch 2.13's recorder lists no input for them): compared by kind alone.
+_ROOT_INPUT = {"scatter"}
 
 
 class TorchCheck(NamedTuple):
@@ -84,8 +87,9 @@ def compare(traces: list[RankTrace], backend: str = "gloo") -> Comparison:
         site_split=_site_split(traces, diff), uneven_sites=_uneven_sites(traces))
 
 
-def _by_kind(call: Call) -> Hashable:
-    return (call.op, call.sizes)
+def _by_kind(call: Call) -> tuple[str, tuple[tuple[int, ...], ...]]:
+    """What must match across ranks: the op, and its input shapes where every rank has one."""
+    return (call.op, () if call.op in _ROOT_INPUT else call.sizes)
 
 
 def first_difference(traces: list[RankTrace],
@@ -127,7 +131,7 @@ def _site_split(traces: list[RankTrace], diff: int | None) -> int | None:
     if diff is None:
         return None
     dumped = [t for t in traces if t.dumped]
-    site = first_difference(dumped, key=lambda c: (c.op, c.sizes, c.where))
+    site = first_difference(dumped, key=lambda c: (*_by_kind(c), c.where))
     return site if site is not None and site < diff else None
 
 
