@@ -1,5 +1,5 @@
-"""Checks for lesson 09's exercise: one optimizer step of fp16 AMP with gradient accumulation
-under DDP, judged by its gradients (non-zero, equal to an fp32 reference up to fp16
+"""One job: the check of lesson 09's exercise, one optimizer step of fp16 AMP with gradient
+accumulation under DDP, judged by its gradients (non-zero, equal to an fp32 reference up to fp16
 rounding), by the order of its GradScaler calls, recorded by a spying scaler, and by the
 dtype every forward computed in (fp32 gradients would pass the tolerance: the forward
 hook shows whether fp16 autocast really ran)."""
