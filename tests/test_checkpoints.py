@@ -333,3 +333,17 @@ def test_save_spy_records_renames_and_copies(tmp_path):
     assert spy.written == [str(tmp_path / "a.pt"), str(tmp_path / "b.pt")]
     assert spy.renames == [(str(tmp_path / "a.tmp"), str(tmp_path / "a.pt"))]
     assert shutil.copyfile is spy._saved["copyfile"]  # put back
+
+
+def test_random_state_needs_numpy_only_where_it_is_loaded():
+    """An exported script copies these helpers and may run where numpy is not installed:
+    without numpy the state holds torch's and Python's generators and round-trips."""
+    code = ("import sys; sys.modules['numpy'] = None  # as if not installed\n"
+            "import random, torch\n"
+            "from course_lib.teach import checkpoints as ckpt\n"
+            "state = ckpt.rng_state(); a = (torch.rand(2), random.random())\n"
+            "ckpt.set_rng_state(state); b = (torch.rand(2), random.random())\n"
+            "print(sorted(state), torch.equal(a[0], b[0]) and a[1] == b[1])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.stdout.strip() == "['python', 'torch'] True", done.stderr

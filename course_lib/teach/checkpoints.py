@@ -16,11 +16,11 @@ import multiprocessing
 import os
 import random
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -118,13 +118,15 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
 
 def rng_state() -> dict[str, Any]:
     """This process's random state: torch (CPU, and the current GPU's when this process
-    uses CUDA), numpy and Python's random, in types that torch.load(weights_only=True)
-    accepts. A CPU rank on a GPU machine leaves CUDA alone (asking would create a CUDA
-    context on GPU 0 in every rank)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(),
-             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
-             "python": random.getstate()}
+    uses CUDA), numpy's (when numpy is loaded: torch does not need it, so an exported
+    script may run without it) and Python's random, in types that torch.load(
+    weights_only=True) accepts. A CPU rank on a GPU machine leaves CUDA alone (asking would
+    create a CUDA context on GPU 0 in every rank)."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
     if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -135,6 +137,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "torch" in state:
         torch.set_rng_state(state["torch"])
     if "numpy" in state:
+        import numpy as np
+
         kind, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     if "python" in state:
