@@ -50,7 +50,8 @@ class PitfallCell:
 
 def read_cells(nb: Any) -> tuple[list[PitfallCell], list[str]]:
     """The notebook's pitfall cells, and every problem with their metadata and pairing."""
-    cells, problems = [], []
+    cells: list[PitfallCell] = []
+    problems: list[str] = []
     for number, cell in enumerate(nb.cells, start=1):
         meta = course_meta(cell)
         if PITFALL not in meta and ROLE not in meta and SYMPTOM not in meta:
@@ -64,7 +65,7 @@ def read_cells(nb: Any) -> tuple[list[PitfallCell], list[str]]:
 
 
 def _read_cell(number: int, cell: Any, meta: dict) -> PitfallCell | list[str]:
-    problems = []
+    problems: list[str] = []
     if cell.get("cell_type") != "code":
         problems.append("pitfall metadata on a non-code cell")
     if (why := id_problem(meta.get(PITFALL))) is not None:
@@ -75,10 +76,10 @@ def _read_cell(number: int, cell: Any, meta: dict) -> PitfallCell | list[str]:
     symptom = _read_symptom(meta.get(SYMPTOM))
     if isinstance(symptom, str):
         problems.append(symptom)
-    if problems:
+    if problems or isinstance(symptom, str):
         return problems
-    problems = _tag_problems(role, symptom, tags(cell))
-    return problems or PitfallCell(number, meta[PITFALL], role, symptom)
+    problems = _tag_problems(str(role), symptom, tags(cell))
+    return problems or PitfallCell(number, meta[PITFALL], str(role), symptom)
 
 
 def _read_symptom(raw: Any) -> Symptom | str:

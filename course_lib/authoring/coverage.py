@@ -24,7 +24,7 @@ START, END = "<!-- coverage:start -->", "<!-- coverage:end -->"
 def collect(paths: list[Path]) -> tuple[dict[str, list[str]], list[str]]:
     """Per pitfall id, one entry per notebook that shows it; and every metadata problem."""
     covered: dict[str, list[str]] = defaultdict(list)
-    problems = []
+    problems: list[str] = []
     for path in paths:
         cells, found = read_cells(nbformat.read(path, as_version=4))
         problems.extend(f"{path}: {p}" for p in found)

@@ -140,8 +140,9 @@ def gate(paths: list[Path], already_executed: bool, timeout: int) -> list[Notebo
     """Judge each notebook, running it first unless it was already executed."""
     reports = []
     for path in paths:
+        stopped: list[str] = []
         if already_executed:
-            nb, stopped = nbformat.read(path, as_version=4), []
+            nb = nbformat.read(path, as_version=4)
         else:
             nb, stopped = execute(path, timeout)
         reports.append(check_executed(str(path), nb, stopped))

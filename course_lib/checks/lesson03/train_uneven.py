@@ -67,7 +67,7 @@ def check_train_uneven(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(ddp_model, batches, optimizer) on 2 ranks (3 and 5 batches) and 3 ranks (4, 2 and 5)
     must train on every batch of every rank, finish on every rank, and end with the weights
     that averaged steps over all the ranks' batches give."""
-    by_size = {len(c): c for c in UNEVEN_BATCHES}
+    by_size: dict[int, tuple[int, ...]] = {len(c): c for c in UNEVEN_BATCHES}
 
     try:
         for _, results in at_world_sizes(_train_on_rank, fn, tuple(by_size),

@@ -61,9 +61,9 @@ def check_global_batch_stats(fn: Callable, timeout: float = CHECK_TIMEOUT) -> st
         if hint:
             raise Rejected(_where(n, passed) + hint)
         passed.append(n)
-    runs = "; ".join(f"{n} ranks holding {listing(STATS_SIZES[n])} rows"
-                     for n in STATS_SIZES)
-    return f"{runs}: every rank returned the mean and variance of all rows together."
+    cases = "; ".join(f"{n} ranks holding {listing(STATS_SIZES[n])} rows"
+                      for n in STATS_SIZES)
+    return f"{cases}: every rank returned the mean and variance of all rows together."
 
 
 def _where(n: int, passed: list[int]) -> str:

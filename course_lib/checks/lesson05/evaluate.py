@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import numbers
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -53,7 +53,8 @@ def _batchnorm_forwards(model: nn.Module) -> list[bool]:
     """A list that gets one entry per forward of the model's BatchNorm layer (or of any copy
     of it made later): whether it ran in training mode."""
     modes: list[bool] = []
-    model.module[1].register_forward_hook(lambda m, i, o: modes.append(m.training))
+    batchnorm = cast(nn.Sequential, model.module)[1]
+    batchnorm.register_forward_hook(lambda m, i, o: modes.append(m.training))
     return modes
 
 
@@ -114,7 +115,7 @@ def _judge_evaluate(report: dict[str, Any]) -> float:
     if report["changed"]:
         raise Rejected(_changed_hint(report["changed"], modes))
     if abs(got - want) > 1e-6:
-        raise Rejected(_accuracy_hint(got, want, report))
+        raise Rejected(_accuracy_hint(float(got), want, report))
     if not report["training"]:
         raise Rejected("after evaluate() the model is still in eval mode: the next training "
                        "steps would use the running statistics and skip dropout. Call "
