@@ -38,7 +38,7 @@ def test_a_rank_that_returns_early_is_named_while_the_others_wait_in_the_next():
     report = err.desync
     assert report.first_difference == 3
     assert "rank 1 returned after its 2nd collective" in report.summary
-    assert "ranks 0, 2 were in their 3rd (all_reduce [3]" in report.summary
+    assert "ranks 0 and 2 were in their 3rd (all_reduce [3]" in report.summary
     assert "Rank(s) 1 returned normally" in err.headline  # the headline names it too
     assert "returned" in str(err) and ">>    3 |" in str(err)
 

@@ -24,6 +24,7 @@ from course_lib.launching.errors import (
 from course_lib.launching.forkserver import Worker
 from course_lib.launching.rank_main import LAUNCH_DIR, ErrorReport
 from course_lib.launching.run import LogLine, Run
+from course_lib.words import listing
 
 OUTPUT_TAIL_LINES = 8
 
@@ -97,7 +98,7 @@ def _headline(workers: list[Worker], failures: list[RankFailure], timeout: float
     n = len(workers)
     hung = [f.rank for f in failures if f.kind == "timeout"]
     if hung:
-        return (f"Timed out after {timeout:g} s with rank(s) {_ranks(hung)} still running "
+        return (f"Timed out after {timeout:g} s with rank(s) {listing(sorted(hung))} still running "
                 f"(world_size={n}). Each rank's Python stack (all threads) is shown below."
                 f"{_returned_note(workers, failures)}")
     first = root_cause_first(failures)[0]
@@ -112,7 +113,7 @@ def _returned_note(workers: list[Worker], failures: list[RankFailure]) -> str:
     returned = [w.rank for w in workers if w.rank not in failed and w.result]
     if not returned:
         return ""
-    return (f"\nRank(s) {_ranks(returned)} returned normally while the others had not "
+    return (f"\nRank(s) {listing(sorted(returned))} returned normally while the others had not "
             "finished: if a rank left early, its peers fail waiting for it.")
 
 
@@ -171,7 +172,3 @@ def _traceback_text(error: ErrorReport) -> str:
         except Exception:  # noqa: BLE001 - the exception's class cannot load here
             pass
     return error.get("text") or f"{error['type']}: {error['message']}"
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in sorted(ranks))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from course_lib.launching.desync_report.compare import Comparison
 from course_lib.launching.desync_report.trace import RankTrace
+from course_lib.words import listing, nth, ranks
 
 ROWS = 6  # collectives shown before the first difference, at most
 
@@ -35,7 +36,7 @@ def comparison(c: Comparison) -> str:
                     "TORCH_DISTRIBUTED_DEBUG=DETAIL wraps are not counted): see each rank's error "
                     "and stack.")
         if c.missing:
-            return (f"Rank(s) {ranks_text(c.missing)} left no flight-recorder dump (a rank "
+            return (f"Rank(s) {listing(sorted(c.missing))} left no flight-recorder dump (a rank "
                     "killed by a signal takes its recorder with it), so what they issued is "
                     f"unknown: this is not shown to be free of a desync. {_issued(dumped, n)}")
         if c.mismatch or c.nccl:
@@ -59,7 +60,7 @@ def _gap(c: Comparison) -> str:
     """The note on ranks that left no dump, unless the comparison is already about them."""
     if not c.missing or (c.first_difference is None and any(t.last for t in c.dumped)):
         return ""
-    return (f" Rank(s) {ranks_text(c.missing)} left no flight-recorder dump (a rank killed "
+    return (f" Rank(s) {listing(sorted(c.missing))} left no flight-recorder dump (a rank killed "
             "by a signal takes its recorder with it): see its output and stack.")
 
 
@@ -100,7 +101,7 @@ def _mismatch_note(c: Comparison) -> str:
         return ""
     got = (f" (it received {c.mismatch_bytes[0]} bytes where it expected "
            f"{c.mismatch_bytes[1]})") if c.mismatch_bytes else ""
-    return (f"Desync: gloo's own check failed on rank(s) {ranks_text(c.mismatch)}, "
+    return (f"Desync: gloo's own check failed on rank(s) {listing(sorted(c.mismatch))}, "
             f"\"Received data size doesn't match expected size ... collective mismatch\"{got}: "
             "the ranks issued collectives of different sizes or kinds at the same point.")
 
@@ -118,7 +119,7 @@ def _issued(dumped: list[RankTrace], n: int) -> str:
     """What the ranks that left a dump issued (one rank: no 'the same')."""
     if len(dumped) == 1:
         return f"Rank {dumped[0].rank} issued {dumped[0].last} collective(s)."
-    return (f"Ranks {ranks_text([t.rank for t in dumped])} issued the same {n} "
+    return (f"{ranks(t.rank for t in dumped).capitalize()} issued the same {n} "
             "collective(s) in the same order.")
 
 
@@ -142,7 +143,7 @@ def _absent_text(trace: RankTrace) -> str:
 
 
 def _calls_text(traces: list[RankTrace], seq: int) -> str:
-    """'ranks 0, 2 were in their 3rd (all_reduce [3], from f, line 12)', grouped by call."""
+    """'ranks 0 and 2 were in their 3rd (all_reduce [3], from f, line 12)', by call."""
     groups: dict[tuple[str, str], list[RankTrace]] = {}
     for t in traces:
         call = t.at(seq)
@@ -150,12 +151,10 @@ def _calls_text(traces: list[RankTrace], seq: int) -> str:
             groups.setdefault((call.label, call.where), []).append(t)
     parts = []
     for (label, where), ts in groups.items():
-        ranks = [t.rank for t in ts]
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"
-        verb = "was" if len(ranks) == 1 else "were"
-        state = f"{verb} in" if all(t.inside for t in ts) else "issued"
-        parts.append(f"{who} {state} {'its' if len(ranks) == 1 else 'their'} {nth(seq)} "
-                     f"({label}, from {where})")
+        one = len(ts) == 1
+        state = f"{'was' if one else 'were'} in" if all(t.inside for t in ts) else "issued"
+        parts.append(f"{ranks(t.rank for t in ts)} {state} {'its' if one else 'their'} "
+                     f"{nth(seq)} ({label}, from {where})")
     return "; ".join(parts)
 
 
@@ -191,14 +190,3 @@ def _cell(trace: RankTrace, seq: int) -> str:
     if call is None:
         return "-"
     return call.label + (" <<" if trace.inside and seq == trace.last else "")
-
-
-def nth(n: int) -> str:
-    """1 -> '1st', 12 -> '12th', 23 -> '23rd'."""
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-def ranks_text(ranks: list[int]) -> str:
-    """'0, 2, 3': ranks in order."""
-    return ", ".join(str(r) for r in sorted(ranks))
