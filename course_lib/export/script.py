@@ -19,6 +19,7 @@ import argparse
 import ast
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from course_lib.export.carry import PACKAGE, Carried, module_file
@@ -132,7 +133,7 @@ def export(notebook: str | Path, function: str, with_course: bool = False) -> st
     body += f"\n\n# -- from {Path(notebook).name}\n"
     for stmt in others:
         body += "\n\n" + stmt.text + "\n"  # type: ignore[attr-defined]
-    header = _header(notebook, function, sorted(set(lines)), carried)
+    header = _header(notebook, function, sorted(set(lines)), carried, _object_collectives(body))
     return header + body + main_block(bound[function], str(notebook))
 
 
@@ -140,7 +141,22 @@ COPIED = ("# -- copied from course_lib by `python -m course_lib export`: the scr
           "imports it")
 
 
-def _header(notebook: str | Path, function: str, imports: list[str], carried: Carried) -> str:
+# torch's collectives of Python objects that unpickle what they receive through numpy
+# (torch/distributed/distributed_c10d.py, _tensor_to_object: `tensor.numpy().tobytes()`),
+# although torch does not require numpy: without it they fail with "Numpy is not available".
+OBJECT_COLLECTIVES = ("all_gather_object", "gather_object", "broadcast_object_list",
+                      "scatter_object_list", "recv_object_list")
+
+
+def _object_collectives(code: str) -> list[str]:
+    """The object collectives that `code` calls (dist.all_gather_object(...), ...)."""
+    names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(ast.parse(code))
+             if isinstance(n, ast.Attribute | ast.Name)}
+    return [name for name in OBJECT_COLLECTIVES if name in names]
+
+
+def _header(notebook: str | Path, function: str, imports: list[str], carried: Carried,
+            object_collectives: list[str]) -> str:
     """The script's docstring: where it comes from, how to run it, and what it needs."""
     tops = {line.split()[1].split(".")[0] for line in imports}
     needs = sorted(t for t in tops if t not in sys.stdlib_module_names)
@@ -150,12 +166,17 @@ def _header(notebook: str | Path, function: str, imports: list[str], carried: Ca
              "Run it with torchrun on every node, e.g.",
              "    torchrun --standalone --nproc-per-node 2 THIS_FILE ARGS",
              f"It imports {', '.join(needs)} (and the standard library)."]
+    if object_collectives and "numpy" not in needs:
+        lines.append(f"It also needs numpy where it runs: torch's {object_collectives[0]} reads "
+                     "what it receives through numpy (torch/distributed/distributed_c10d.py, "
+                     "_tensor_to_object), though torch does not require numpy.")
     if copied:
         lines.append(f"What {function}() uses of course_lib is copied below, from {copied}.")
     if carried.bindings and any("course_lib import telemetry" in b for b in carried.bindings):
         lines.append("The course's telemetry is used where course_lib is installed; elsewhere "
                      "it records nothing.")
-    return '"""' + "\n".join(lines) + '\n"""\n\n'
+    wrapped = [line if line.startswith(" ") else textwrap.fill(line, 88) for line in lines]
+    return '"""' + "\n".join(wrapped) + '\n"""\n\n'
 
 
 def _refuse_clashes(carried: Carried, imports: list[ast.stmt], others: list[ast.stmt]) -> None:
