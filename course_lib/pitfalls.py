@@ -32,6 +32,7 @@ NOTEBOOKS = {
     "10": "10_hangs_and_desync.ipynb", "11": "11_checkpoints.ipynb",
     "12": "12_reproducibility.ipynb", "13": "13_memory_and_sharding.ipynb",
     "14": "14_torchrun.ipynb", "15": "15_case_files.ipynb",
+    "16": "16_tensor_parallel.ipynb",
 }
 
 
@@ -72,7 +73,9 @@ def _registry(*rows: Pitfall) -> dict[str, Pitfall]:
 
 # The id families (docs/design.md): P01-P20 the catalogue of common DDP pitfalls the course
 # started from, in its order; S1-S5 sharp edges; B1-B3 disasters that end a job;
-# X1... found while writing the course.  (id, lessons, kind, title, symptom)
+# X1... found while writing the course.
+# TP1-TP9 tensor parallelism (lesson 16);
+# (id, lessons, kind, title, symptom)
 PITFALLS: dict[str, Pitfall] = _registry(
     _row("P01", "01", "slow",
          "nn.DataParallel instead of DDP (on CPU it silently runs one replica)",
@@ -159,6 +162,35 @@ PITFALLS: dict[str, Pitfall] = _registry(
     _row("X10", "09", "crash",
          "GradScaler calls inside the accumulation loop (unscale_ or update per micro-step)",
          'GradScaler: "unscale_() has already been called" or "No inf checks were recorded"'),
+    # Tensor parallelism (lesson 16)
+    _row("TP1", "16", "wrong",
+         "a hand-written row-parallel layer without its all-reduce: each rank holds a partial sum",
+         "each rank's output of a layer split by hand is plausible, and wrong"),
+    _row("TP2", "16", "slow",
+         "every layer column-parallel and gathered: two all-gathers per MLP block, not one "
+         "all-reduce",
+         "tensor parallelism is slower than expected: an all_gather after every linear layer"),
+    _row("TP3", "16", "crash",
+         "ColwiseParallel and RowwiseParallel swapped (or a layout that does not match the input)",
+         '"a and b must have same reduction dim" in the first forward after parallelize_module'),
+    _row("TP4", "16", "wrong",
+         "tensor-parallel ranks fed different batches (a DistributedSampler over the TP ranks)",
+         "with tensor parallelism the model learns worse, with no error"),
+    _row("TP5", "16", "wrong",
+         "dropout seeded per rank in a tensor-parallel group: the replicated activations differ",
+         "with dropout on, the ranks of one tensor-parallel group log different losses"),
+    _row("TP6", "16", "wrong",
+         "gradients clipped by the norm of each rank's local shards: the wrong norm",
+         "with gradient clipping the TP run trains differently from one GPU"),
+    _row("TP7", "16", "slow",
+         "the logits gathered on every rank for the loss instead of loss_parallel",
+         "memory at the loss does not shrink with tensor parallelism (the full logits per rank)"),
+    _row("TP8", "16", "wrong",
+         "a 2-D (data x tensor) mesh whose sampler and seeds come from the global rank",
+         "a data x tensor parallel job learns worse than the same model under DDP"),
+    _row("TP9", "16", "crash",
+         "clip_grad_norm_ over DTensor and plain parameters together",
+         '"got mixed torch.Tensor and DTensor" from clip_grad_norm_'),
 )
 
 # Ids that name the same pitfall as another: cells declare the other one.
@@ -166,13 +198,14 @@ SAME_AS = {"S4": "P04"}
 if not set(SAME_AS) | set(SAME_AS.values()) <= set(PITFALLS):
     raise ValueError(f"SAME_AS names an id without a row: {SAME_AS}")
 
-_ID = re.compile(r"^(P(0[1-9]|1[0-9]|20)|S[1-5]|B[1-3]|X[1-9][0-9]*)$")
+_ID = re.compile(r"^(P(0[1-9]|1[0-9]|20)|S[1-5]|B[1-3]|X[1-9][0-9]*|TP[1-9])$")
 
 
 def id_problem(pid: object) -> str | None:
     """Why `pid` is not a pitfall id cells may name, or None when it is one."""
     if not isinstance(pid, str) or not _ID.match(pid):
-        return (f"pitfall id {pid!r} is not of the form P01-P20, S1-S5, B1-B3 or X<number>")
+        return (f"pitfall id {pid!r} is not of the form P01-P20, S1-S5, B1-B3, X<number>"
+                ", TP1-TP9")
     if pid not in PITFALLS:
         return (f"pitfall id {pid!r} is not in the registry (course_lib/pitfalls.py); "
                 "add it there with its title and lesson first")
