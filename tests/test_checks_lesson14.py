@@ -3,10 +3,12 @@ two nodes of 1 worker, and once with train() made to raise: it accepts the worke
 and a differently written correct main(), and rejects plausible wrong ones, each with the
 hint that names what this answer did."""
 
+import contextlib
 import os
 import sys
 
 import pytest
+import torch
 import torch.distributed as dist
 from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
@@ -94,13 +96,43 @@ def main_swallows():
         dist.destroy_process_group()
 
 
+def main_nccl_if_cuda():
+    """NCCL whenever torch sees a GPU (the 11-15 review's G6 answer): on a node of more
+    processes than GPUs, ranks 1 and up ask for a GPU that is not there."""
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
+    try:
+        train(sys.argv[1])
+    finally:
+        dist.destroy_process_group()
+
+
+def main_exit_stack():
+    """Correct, written otherwise (the review's answer): env:// with no rank or size, the
+    backend by the node's GPU count, destroy on an ExitStack."""
+    here = int(os.environ["LOCAL_WORLD_SIZE"])
+    use_nccl = here <= torch.cuda.device_count()
+    if use_nccl:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    with contextlib.ExitStack() as stack:
+        dist.init_process_group("nccl" if use_nccl else "gloo", init_method="env://")
+        stack.callback(dist.destroy_process_group)
+        train(sys.argv[1])
+
+
 # A main(), and what the check must say of it: ACCEPTED, or the hint that names its mistake.
 MAINS = [
     (Solution("main"), ACCEPTED),
     (main_env_defaults, ACCEPTED),
     (main_no_group, "as one node (3 ranks) your main_no_group() failed: train() found no "
                     "process group"),
-    (main_nccl, "the NCCL backend needs a GPU for each process of the node"),
+    (main_exit_stack, ACCEPTED),
+    (main_nccl, "your main_nccl() chose the NCCL backend: on a real one, ranks 1 and up fail"),
+    (main_nccl_if_cuda, "torch.cuda.is_available() only says that there is a GPU; choose "
+                        "'nccl' only when"),  # review G6
     (main_two_ranks, "passed init_process_group world_size=2 where torchrun set WORLD_SIZE=3 "
                      "(a number typed in"),
     (main_rank_zero_trains, "every rank must call train(), not only rank 0"),
@@ -111,8 +143,8 @@ MAINS = [
                          "LOCAL_WORLD_SIZE"),
     (main_never_destroys, "your main_never_destroys() returned with the process group still "
                           "initialized: call dist.destroy_process_group()"),
-    (main_no_finally, "when train() raised, your main_no_finally() returned with the process "
-                      "group still initialized"),
+    (main_no_finally, "when train() raised, your main_no_finally() raised with the process "
+                      "group still initialized"),  # review G12: not "returned"
     (main_swallows, "when train() raised, your main_swallows() returned normally"),
 ]
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from checking import check_helpers
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
+from verdicts import ACCEPTED, Solution, cases, verdicts_for
 
 from course_lib.checks.lesson15 import check_fixed_train, findings, run_script
 from course_lib.teach.cases.colleague import BATCH, K, colleague_train
@@ -19,7 +20,8 @@ from course_lib.teach.cases.colleague import BATCH, K, colleague_train
 NOTEBOOK = "15_case_files.ipynb"
 FAST = 20  # seconds a launch: every answer here finishes (or fails) well within it
 
-solution, accepts, rejects = check_helpers(NOTEBOOK, FAST)
+solution = check_helpers(NOTEBOOK, FAST)[0]
+judged = verdicts_for(NOTEBOOK, FAST)
 
 
 def _loop(model, optimizer, loader, divide=True, sync_every=False):
@@ -108,15 +110,49 @@ def saved_before_training(model, optimizer, dataset, checkpoint_path):
     _loop(model, optimizer, _sampled(dataset))
 
 
-@pytest.mark.parametrize("fn", ["solution", in_order_with_exit_stack])
-def test_fixed_train_accepts(fn, capsys):
-    fn = solution("train") if fn == "solution" else fn
-    accepts(check_fixed_train, fn, capsys)
+def env_sampler_stripped_prefix(model, optimizer, dataset, checkpoint_path):
+    """Correct, written otherwise (the 11-15 review's answer): the sampler told WORLD_SIZE
+    and RANK explicitly, no shuffling, the wrapper's state_dict saved with 'module.'
+    stripped."""
+    sampler = DistributedSampler(dataset, num_replicas=int(os.environ["WORLD_SIZE"]),
+                                 rank=int(os.environ["RANK"]), shuffle=False)
+    _loop(model, optimizer, DataLoader(dataset, batch_size=BATCH, sampler=sampler))
+    if dist.get_rank() == 0:
+        state = model.state_dict()
+        nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "module.")
+        torch.save(state, checkpoint_path)
+    dist.barrier()
 
 
-@pytest.mark.parametrize("fn, hint", [
+def backward_only_in_no_sync(model, optimizer, dataset, checkpoint_path):
+    """no_sync() around loss.backward() only: the forward ran outside it (review)."""
+    for i, (x, y) in enumerate(_sampled(dataset)):
+        loss = nn.functional.mse_loss(model(x), y) / K
+        last = (i + 1) % K == 0
+        with nullcontext() if last else model.no_sync():
+            loss.backward()
+        if last:
+            optimizer.step()
+            optimizer.zero_grad()
+    _save(model, checkpoint_path)
+
+
+def shuffle_beside_sampler(model, optimizer, dataset, checkpoint_path):
+    """Keeps the colleague's shuffle=True next to sampler= (review): DataLoader refuses it."""
+    loader = DataLoader(dataset, batch_size=BATCH, sampler=DistributedSampler(dataset),
+                        shuffle=True)
+    _loop(model, optimizer, loader)
+    _save(model, checkpoint_path)
+
+
+# A fix of the colleague's function, and what the check must say of it: ACCEPTED, or the hint
+# that names what its run showed.
+FIXED_TRAIN = [
+    (Solution("train"), ACCEPTED),
+    (in_order_with_exit_stack, ACCEPTED),
+    (env_sampler_stripped_prefix, ACCEPTED),
     (colleague_train, "on 2 ranks: 96 of 96 samples were read by more than one rank"),
-    (colleague_train, "On this run the x-ray found: P03 (rank 0 and rank 1 read the same"),
+    (colleague_train, "On this run the x-ray found: P03 ("),
     (sampler_only, "On this run the x-ray found: P09 ("),
     (printing_on_every_rank, "on 2 ranks the x-ray found: P16 ("),
     (sampler_only, "rank 0 made 12 all-reduces for 3 optimizer steps"),
@@ -127,9 +163,14 @@ def test_fixed_train_accepts(fn, capsys):
     (sampler_by_local_rank, "on 4 ranks: 192 of 192 samples were read by more than one rank (on "
                             "2 nodes of 2, rank 0 and rank 2 (local rank 0 of each node)"),
     (saved_before_training, "the checkpoint's 0.weight, 0.bias, 2.weight and 2.bias differ"),
-])
-def test_fixed_train_rejects(fn, hint, capsys):
-    rejects(check_fixed_train, fn, hint, capsys)
+    (backward_only_in_no_sync, "but the forward ran outside it"),
+    (shuffle_beside_sampler, "DataLoader refuses shuffle=True beside sampler= (P18"),
+]
+
+
+@pytest.mark.parametrize("check, answer, hint", cases(check_fixed_train, FIXED_TRAIN))
+def test_the_check_judges_the_fix(check, answer, hint, capsys):
+    judged(check, answer, hint, capsys)
 
 
 @pytest.mark.parametrize("named, hint", [

@@ -125,11 +125,13 @@ def _train_on_rank(fn: Callable, lr: float) -> dict[str, Any]:
     model, optimizer = answer
     model_ids = {id(p) for p in model.parameters()}
     stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    computed = _ComputeDtypes(model)  # filled by the first forward
     peak, first_gathered = 0.0, 0
     for step in range(STEPS):
         x, y = (t.chunk(world_size)[rank] for t in global_batch(step))
         with meter.forward(model):
             loss = F.mse_loss(model(x), y)
+        computed.stop()
         loss.backward()
         optimizer.step()
         counts = meter.measure(model, optimizer)
@@ -140,7 +142,25 @@ def _train_on_rank(fn: Callable, lr: float) -> dict[str, Any]:
             "optimizer_on_model": bool(model_ids & stepped), "weights": _full_weights(model),
             "root_sharded": isinstance(model, FSDPModule),
             "blocks_sharded": any(isinstance(m, FSDPModule) for m in model.modules()),
-            "optimizer": _optimizer_settings(optimizer)}
+            "optimizer": _optimizer_settings(optimizer), "computed in": computed.dtypes}
+
+
+class _ComputeDtypes:
+    """The dtypes of the weights each layer computes with in a forward (FSDP2's
+    MixedPrecisionPolicy gathers them as its param_dtype), recorded by forward pre-hooks."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.dtypes: set[str] = set()
+        self._hooks = [m.register_forward_pre_hook(self._note) for m in model.modules()
+                       if next(m.parameters(recurse=False), None) is not None]
+
+    def _note(self, module: nn.Module, _args: Any) -> None:
+        self.dtypes.update(str(p.dtype) for p in module.parameters(recurse=False))
+
+    def stop(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
 
 @cache
@@ -187,6 +207,15 @@ def _judge_weights(name: str, n: int, lr: float, result: dict[str, Any]) -> None
     if wrong:
         gap = max(float((result["weights"][k] - want[k]).abs().max()) for k in wrong
                   if k in result["weights"])
+        low = sorted(result["computed in"] - {"torch.float32"})
+        if low:
+            raise Rejected(
+                f"on {n} ranks the layers computed with {', '.join(low)} weights "
+                "(MixedPrecisionPolicy(param_dtype=...) gathers them in that dtype), and after "
+                f"{STEPS} steps the weights differ from fp32 one-process Adam by up to {gap:.1e}: "
+                "low-precision compute changes the training, and the exercise asks for the "
+                "weights of one-process Adam. Leave mp_policy out: sharding alone saves the "
+                "memory")
         raise Rejected(
             f"on {n} ranks, after {STEPS} steps the weights differ from one-process "
             f"torch.optim.Adam(lr={lr:g}) on the whole batch ({len(wrong)} tensors, largest gap "

@@ -43,6 +43,11 @@ WORLD_SIZES = (2, 4)
 # the local numbers equal the global ones, and case 4's sampler by LOCAL_RANK would pass.
 NODES = {2: 1, 4: 2}
 CHECKPOINT = "checkpoint.pt"
+# PyTorch's error texts that a fix can meet, with what they mean for it.
+KNOWN = [("sampler option is mutually exclusive with shuffle",
+          "DataLoader refuses shuffle=True beside sampler= (P18, lesson 03): "
+          "DistributedSampler shuffles by itself (its shuffle=True is the default, reshuffled "
+          "each epoch by sampler.set_epoch(epoch)); drop shuffle= from the DataLoader")]
 NAMES = {"P03": "no DistributedSampler", "P09": "accumulation without no_sync()",
          "P12": "checkpoint saved from the DDP wrapper ('module.' keys)"}
 
@@ -109,7 +114,8 @@ def run_script(fn: Callable, world_size: int, timeout: float = CHECK_TIMEOUT) ->
     """Run fn on `world_size` ranks (NODES[world_size] nodes); the ranks' records and the
     checkpoint rank 0 saved (None when no file was written)."""
     with tempfile.TemporaryDirectory(prefix="lesson15-") as folder:
-        results = on_ranks(_train_on_rank, fn, world_size, (folder, NODES[world_size]), timeout)
+        results = on_ranks(_train_on_rank, fn, world_size, (folder, NODES[world_size]), timeout,
+                           known=KNOWN)
         path = Path(folder) / CHECKPOINT
         saved = torch.load(path, map_location="cpu") if path.exists() else None
     return {"ranks": results, "checkpoint": saved, "world_size": world_size,

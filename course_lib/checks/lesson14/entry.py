@@ -5,7 +5,9 @@
 It loads the learner's main() (cloudpickled by the check) and calls it with
 sys.argv = [script, OUT_DIR], as `torchrun ... train.py OUT_DIR` would. It watches what
 main() passes to init_process_group and whether the group is still there when main() ends,
-and says so in a line that starts with MARK, which the check reads back.
+and says so in a line that starts with MARK, which the check reads back. With
+COURSE_CHECK14_GPUS=N, torch.cuda reports N GPUs (a stand-in: no GPU is used), so that the
+check can see which backend main() picks on a node with fewer GPUs than processes.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import torch
 import torch.distributed as dist
 
 from course_lib.checks.lesson14.training import RAISE, InjectedFailure
 
 MARK = "CHECK14:"  # the entry's own lines, read back by the check
+GPUS = "COURSE_CHECK14_GPUS"  # set: the GPUs torch.cuda reports to main() (none is used)
 
 
 def _entry(argv: list[str]) -> None:
@@ -31,12 +35,13 @@ def _entry(argv: list[str]) -> None:
     if len(argv) != 2:
         sys.exit("usage: python -m course_lib.checks.lesson14.entry FUNCTION.pkl OUT_DIR")
     _watch_init()  # before loading: a main() that imported init_process_group gets this one
+    _report_gpus()
     main = cloudpickle.loads(Path(argv[0]).read_bytes())
     sys.argv = ["train.py", argv[1]]
     try:
         main()
-    except InjectedFailure:
-        _leave(0, "returned" if dist.is_initialized() else None)  # the error we asked for
+    except InjectedFailure:  # the error we asked for, let through by main()
+        _leave(0, "raised" if dist.is_initialized() else None)
     if os.environ.get(RAISE):
         _say("swallowed InjectedFailure")
     _leave(0, "returned" if dist.is_initialized() else None)
@@ -59,10 +64,37 @@ def _watch_init() -> None:
             _say(f"init rank={rank} world_size={size} "
                  + " ".join(f"{k}={v}" for k, v in env.items()))
             _leave(3, None)
+        if os.environ.get(GPUS) and "nccl" in str(given.get("backend") or "").lower():
+            _nccl_without_gpu(f"backend={given['backend']}")
         return original(*args, **kwargs)
 
     dist.init_process_group = init_process_group
     dist.distributed_c10d.init_process_group = init_process_group
+
+
+def _report_gpus() -> None:
+    """With COURSE_CHECK14_GPUS=N: torch.cuda says it has N GPUs, and set_device accepts
+    cuda:0 to cuda:N-1 (doing nothing); a higher index, or NCCL chosen (see _watch_init),
+    ends the process with a MARK line: on a real node of more processes than GPUs, NCCL
+    fails there ("invalid device ordinal")."""
+    if not os.environ.get(GPUS):
+        return
+    count = int(os.environ[GPUS])
+
+    def set_device(device: Any) -> None:
+        index = device if isinstance(device, int) else torch.device(device).index
+        if index is not None and index >= count:
+            _nccl_without_gpu(f"set_device={index}")
+
+    torch.cuda.is_available = lambda: count > 0
+    torch.cuda.device_count = lambda: count
+    torch.cuda.set_device = set_device
+
+
+def _nccl_without_gpu(what: str) -> None:
+    _say(f"nccl-without-gpu {what} gpus={os.environ[GPUS]} "
+         f"LOCAL_WORLD_SIZE={os.environ.get('LOCAL_WORLD_SIZE', '?')}")
+    _leave(3, None)
 
 
 def _say(line: str) -> None:

@@ -4,7 +4,9 @@ c10d rendezvous on loopback, where LOCAL_RANK differs from RANK), and compares t
 weights with the notebook launch of the same train() and with the one-process result. It also
 checks that main() leaves the process group on every path: after train() returns, and when
 train() raises (one more run, 1 process, with torchrun's environment). GPUs are hidden from
-the check's processes (CUDA_VISIBLE_DEVICES=""), so it judges the same thing on every machine.
+the check's processes (CUDA_VISIBLE_DEVICES=""), so it judges the same thing on every machine;
+in the one-node run torch.cuda reports 1 GPU for the 3 workers (entry's stand-in), where
+main() must choose gloo.
 Each worker runs `entry`, whose MARK lines say what main() did; the hints are built from them.
 """
 
@@ -26,7 +28,7 @@ from course_lib.checks.common import (
     on_ranks,
     run_check,
 )
-from course_lib.checks.lesson14.entry import MARK
+from course_lib.checks.lesson14.entry import GPUS, MARK
 from course_lib.checks.lesson14.training import RAISE, one_process, train
 from course_lib.checks.result import CheckResult
 from course_lib.launching.payload import dumps
@@ -42,6 +44,7 @@ from course_lib.teach.torchrun import (
 ENTRY = "course_lib.checks.lesson14.entry"  # the module each torchrun worker runs
 # (how torchrun is started, its world size): one node of 3 workers, two nodes of 1 worker.
 RUNS = (("one node", 3), ("two nodes", 2))
+STAND_IN_GPUS = {"one node": "1"}  # what torch.cuda.device_count() says in a run's workers
 # Seconds one torchrun of the check may take. The solution's took 5-15 s each on 2 cores
 # under load 5-7 (torchrun and every worker import torch); 120 s leaves 8x.
 TORCHRUN_TIMEOUT = 120.0
@@ -117,7 +120,8 @@ def _under_torchrun(fn: Callable, pickled: Path, out: Path, how: str, n: int,
     out.mkdir()
     name = getattr(fn, "__name__", "main")
     where = f"under torchrun as {how} ({n} ranks)"
-    jobs = [start(command, label, ENV) for label, command in _commands(pickled, out, how, n)]
+    env = {**ENV, GPUS: STAND_IN_GPUS[how]} if how in STAND_IN_GPUS else ENV
+    jobs = [start(command, label, env) for label, command in _commands(pickled, out, how, n)]
     try:
         wait(*jobs, timeout=limit, echo=False, stop_on_failure=True)
     except TorchrunFailed as failed:
@@ -178,6 +182,16 @@ def _hint(text: str, name: str, where: str) -> str:
 def _hint_of_mark(mark: str, name: str) -> str | None:
     """What the entry's line says main() did, as a hint; None for a line of another kind."""
     kind, _, rest = mark.partition(" ")
+    if kind == "nccl-without-gpu":
+        seen = dict(re.findall(r"([\w]+)=(\S+)", rest))
+        asked = (f"asked for cuda:{seen['set_device']}, which does not exist"
+                 if "set_device" in seen else "chose the NCCL backend")
+        return (f"on a node of {seen['LOCAL_WORLD_SIZE']} processes where "
+                f"torch.cuda.device_count() is {seen['gpus']} (the check's stand-in for a "
+                f"1-GPU machine), your {name}() {asked}: on a real one, ranks 1 and up fail with "
+                "'CUDA error: invalid device ordinal'. torch.cuda.is_available() only says that "
+                "there is a GPU; choose 'nccl' only when int(os.environ['LOCAL_WORLD_SIZE']) "
+                "<= torch.cuda.device_count(), else 'gloo'")
     if kind == "left-group-initialized":
         return (f"your {name}() {rest} with the process group still initialized: call "
                 "dist.destroy_process_group() at its end, in a finally: block so that it "

@@ -56,7 +56,7 @@ def train(out_dir: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
 def one_process(steps: int = STEPS) -> dict[str, torch.Tensor]:
     """The true result: the same training in one process on the whole batch of each step
     (DDP's average of equal shards' mean losses is the whole batch's mean loss)."""
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):  # the CPU's only: no CUDA in the kernel
         torch.manual_seed(0)
         model = nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
