@@ -25,12 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "tests" / "xray_cases"
 
 
-def xray_args(path: Path) -> list[str]:
-    """The case's own CLI arguments (`# xray: --nproc-per-node 3`), as tests/test_xray.py."""
+def header(path: Path, key: str) -> list[str]:
+    """The words of a case's `# key: ...` line (`# xray: --nproc-per-node 3`, the x-ray's
+    options; `# args: 2 1`, the script's own), as tests/test_xray_cases.py reads them."""
     for line in path.read_text().splitlines():
         if not line.startswith("# "):
             break
-        if line.startswith("# xray:"):
+        if line.startswith(f"# {key}:"):
             return line.split(":", 1)[1].split()
     return []
 
@@ -38,7 +39,7 @@ def xray_args(path: Path) -> list[str]:
 def run(path: Path, folder: str) -> float:
     """Wall seconds of one x-ray of the case, in `folder` (checkpoint cases write there)."""
     command = [sys.executable, "-m", "course_lib", "xray", "--json", "--timeout", "60",
-               *xray_args(path), str(path)]
+               *header(path, "xray"), str(path), *header(path, "args")]
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, cwd=folder, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})

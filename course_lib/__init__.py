@@ -16,7 +16,6 @@ if TYPE_CHECKING:  # for editors and type checkers; `x as x` marks a re-export (
     from course_lib.launching import launch as launch
     from course_lib.launching.devices import rank_device as rank_device
     from course_lib.teach.observe import observe as observe
-    from course_lib.xray import xray as xray
 
 # public name -> the module that defines it
 _HOMES = {
@@ -25,8 +24,7 @@ _HOMES = {
     "Run": "course_lib.launching",
     "rank_device": "course_lib.launching.devices",
     "observe": "course_lib.teach.observe",
-    "xray": "course_lib.xray",
-}
+}  # the x-ray: `from course_lib.xray import xray` (course_lib.xray is its package)
 
 __all__ = list(_HOMES)  # one list: a new public name goes into _HOMES only
 

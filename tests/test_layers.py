@@ -213,8 +213,7 @@ def test_the_import_report_shows_torch_when_it_is_imported():
     assert "torch" in imported("-c", "import course_lib.wrappers")
 
 
-@pytest.mark.parametrize("name", ["launch", "DistributedError", "Run", "observe", "rank_device",
-                                  "xray"])
+@pytest.mark.parametrize("name", ["launch", "DistributedError", "Run", "observe", "rank_device"])
 def test_the_lazy_package_still_exports_the_learners_names(name):
     import course_lib
 

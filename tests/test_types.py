@@ -1,5 +1,5 @@
 """The type checker (issue 37): mypy over all of course_lib with the repository's mypy.ini,
-strict on the parts whose types others read (launching/, and xray/ once it passes).
+strict on the parts whose types others read (launching/ and xray/).
 
 mypy, not pyright: it installs with pip like every other tool here, where pyright needs a
 Node.js runtime the machines and learners' set-up do not have; and it reads torch's own
@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Checked strictly: every flag of `mypy --strict` that can be set per module (the two
 # global ones, warn_unused_configs and warn_redundant_casts, are set in [mypy]).
-STRICT_PACKAGES = ["course_lib.launching.*"]  # xray: add "course_lib.xray.*" here and there
+STRICT_PACKAGES = ["course_lib.launching.*", "course_lib.xray.*"]
 STRICT_FLAGS = ["disallow_any_generics", "disallow_subclassing_any", "disallow_untyped_calls",
                 "disallow_untyped_defs", "disallow_incomplete_defs", "check_untyped_defs",
                 "disallow_untyped_decorators", "warn_unused_ignores", "warn_return_any",

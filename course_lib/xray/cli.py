@@ -9,13 +9,17 @@ import os
 import sys
 
 from course_lib.xray import xray
+from course_lib.xray.report import STATUSES
 
 EPILOG = """\
 The script runs as torchrun would run it: N processes with RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT set; its own init_process_group() call gets the launch's group
-(with a short collective timeout, --pg-timeout, so that a hang ends). Exit status: 1 when a
-pitfall is confirmed, 2 when the script failed or hung without one, 0 otherwise.
-"""
+(with a short collective timeout, --pg-timeout, so that a hang ends). A script that cannot
+train here (a GPU-only call on a CPU machine, its own mp.spawn, an early exit) is not
+judged: the report's first line says why and what to do.
+
+exit status:
+""" + "\n".join(f"  {code}  {meaning}" for code, meaning in STATUSES.items()) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

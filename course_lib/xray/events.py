@@ -1,17 +1,22 @@
-"""The events the probes write and the rules read: one TypedDict per event kind.
+"""One job: the schema of every event the probes write and the rules read (a TypedDict
+per kind).
 
 Every event has `kind`, `where` (the learner's "file:line", "" when none) and `t`
 (time.monotonic() when it was noted); a field a probe adds later, or only in some runs, is
 NotRequired. `EVENTS` maps each kind to its schema and to the probe module that writes it
-(`record` for the x-ray's own "probe_error"). tests/test_xray.py checks that every
-record.note in the probes names a kind here, that every kind a rule needs has a writer,
-and that a real run's events match their schema (`mismatch`).
+(`record` for the x-ray's own "probe_error"). A rule names the schemas it reads (`needs`)
+and reads them typed: `run.of(Pass)` is a list of (rank, Pass). tests/test_xray_probes.py
+checks that every record.note in the probes names a kind here, that every kind a rule needs
+has a writer, and that a real run's events match their schema (`mismatch`).
 """
 
 # No `from __future__ import annotations`: TypedDict reads NotRequired from the real
 # annotations (with string annotations Python 3.11 counts every field as required).
+# typing_extensions (a dependency of torch): typing.NotRequired is Python 3.11+.
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import Any
+
+from typing_extensions import NotRequired, TypedDict
 
 
 class Event(TypedDict):
@@ -232,26 +237,58 @@ class LoadStateDict(Event):
     unexpected: NotRequired[int]
 
 
-# -- probes/spawn.py and record.py ---------------------------------------------------------
+# -- probes/process.py ---------------------------------------------------------------------
 
 
 class Spawn(Event):
+    """The script called mp.spawn / start_processes (the x-ray refuses nprocs > 0)."""
+
     nprocs: int
     fn: str
 
 
+class Exit(Event):
+    """The script raised SystemExit (sys.exit(), exit(), argparse); `where` is the learner's
+    line it came from."""
+
+    code: str  # repr of SystemExit.code: "None", "0", "2", "'need 2 GPUs'"
+    library: str  # the module that raised it when not the learner's code ("argparse"), else ""
+
+
+# -- probes/gpu.py -------------------------------------------------------------------------
+
+
+class GpuQuery(Event):
+    """The learner's code asked how many GPUs there are, or whether there is one."""
+
+    call: str  # "torch.cuda.device_count()"
+    result: str  # repr of what it returned: "0", "False", "None"
+
+
+class InitProcessGroup(Event):
+    """The learner's code asked for a process group (the launch's group serves it)."""
+
+    backend: str  # "nccl", "gloo", "" when not named
+    world_size: int  # -1 when not given
+
+
+# -- record.py -----------------------------------------------------------------------------
+
+
 class ProbeError(Event):
-    """A probe's own bookkeeping failed (record.guard); `probe` names its module."""
+    """A probe's own bookkeeping failed (record.guard), or it could not be installed on
+    this torch (`installing`); `probe` names its module."""
 
     error: str
     probe: str
+    installing: bool
 
 
 @dataclass(frozen=True)
 class Kind:
     """An event kind: its schema and the probe module that writes it."""
 
-    schema: type
+    schema: type[Event]
     writer: str  # a module of course_lib/xray/probes/, or "record"
 
 
@@ -266,19 +303,23 @@ EVENTS: dict[str, Kind] = {
     "fp16_params": Kind(Fp16Params, "optim"), "autocast": Kind(Autocast, "amp"),
     "scaler_scale": Kind(ScalerScale, "amp"), "save": Kind(Save, "checkpoint"),
     "load": Kind(Load, "checkpoint"), "load_state_dict": Kind(LoadStateDict, "checkpoint"),
-    "spawn": Kind(Spawn, "spawn"), "probe_error": Kind(ProbeError, "record"),
+    "spawn": Kind(Spawn, "process"), "exit": Kind(Exit, "process"),
+    "gpu_query": Kind(GpuQuery, "gpu"), "init_process_group": Kind(InitProcessGroup, "gpu"),
+    "probe_error": Kind(ProbeError, "record"),
 }
+KIND_OF: dict[type[Event], str] = {kind.schema: name for name, kind in EVENTS.items()}
 
 
-def mismatch(event: dict[str, Any]) -> str:
+def mismatch(event: Any) -> str:
     """"" when the event matches its kind's schema, else what is wrong (an unknown kind, a
     required field missing, a field the schema does not name)."""
     kind = EVENTS.get(event.get("kind", ""))
     if kind is None:
         return f"unknown event kind {event.get('kind')!r}"
-    schema = kind.schema
-    missing = sorted(schema.__required_keys__ - set(event))
-    extra = sorted(set(event) - schema.__required_keys__ - schema.__optional_keys__)
+    required: frozenset[str] = getattr(kind.schema, "__required_keys__")  # noqa: B009
+    optional: frozenset[str] = getattr(kind.schema, "__optional_keys__")  # noqa: B009
+    missing = sorted(required - set(event))
+    extra = sorted(set(event) - required - optional)
     if missing or extra:
         return f"{event['kind']}: missing {missing}, not in the schema {extra}"
     return ""

@@ -10,25 +10,21 @@ from typing import Any
 
 from course_lib.collectors import register_collector
 from course_lib.xray import record
-from course_lib.xray.probes import install_all
-
-COLLECTOR = "xray"  # the name the rank's events travel under (Run.extras[rank][COLLECTOR])
+from course_lib.xray.probes import install_all, process
 
 
-def observed(journal_dir: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Run fn(*args, **kwargs) in this rank with every probe installed; the events go home
-    with the rank's result, or its error, or (a rank the launcher stops) its last words; a
-    rank killed by a signal leaves them in journal_dir (see journal_path)."""
+def observed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run fn(*args, **kwargs) in this rank with every probe installed. The events go home
+    with the rank's result, or its error, or (a rank the launcher stops) its last words,
+    and each is journaled as noted (a rank killed by a signal): record.COLLECTOR."""
     record.clear()
-    register_collector(COLLECTOR, record.events)
-    record.journal(journal_path(journal_dir, int(os.environ.get("RANK", "0"))))
+    register_collector(record.COLLECTOR, record.events)
     install_all()
-    return fn(*args, **kwargs)
-
-
-def journal_path(journal_dir: str, rank: int) -> str:
-    """Where a rank journals its events."""
-    return os.path.join(journal_dir, f"rank{rank}.events")
+    try:
+        return fn(*args, **kwargs)
+    except SystemExit as exc:  # sys.exit(), exit(), argparse: where and why it stopped
+        process.exited(exc)
+        raise
 
 
 def run_script(path: str, argv: list[str], cwd: str = "") -> None:

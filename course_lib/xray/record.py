@@ -1,21 +1,28 @@
 """What the probes write: one list of events per rank, each stamped with the learner's line.
 
-Probes call `note(kind, **fields)`; the x-ray sends `events()` home with the rank's result
-(a course_lib collector), so that nothing here imports the launcher.
+Probes call `note(kind, **fields)`. The events go home under the collector COLLECTOR
+(course_lib.collectors): the list with the rank's result, its error or its last words, and
+each event journaled as it is noted, so that a rank killed by a signal (gloo's size check
+aborts it) still leaves its events up to then (as noted: a data pass's batches come later).
+Nothing here imports the launcher.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import sys
 import sysconfig
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import FrameType
+from typing import Any, TypeVar
 
 import torch
+
+from course_lib import collectors
+
+COLLECTOR = "xray"  # the name the rank's events travel under (Run.extras[rank][COLLECTOR])
 
 # Frames in these folders are not the learner's: torch, the course's own code, the stdlib.
 _NOT_OWN = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
@@ -25,7 +32,7 @@ _PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.se
 
 _events: list[dict[str, Any]] = []
 _PROBES = "course_lib.xray.probes."
-_journal: dict[str, Any] = {"file": None}
+T = TypeVar("T")
 
 
 def is_own(filename: str) -> bool:
@@ -37,7 +44,7 @@ def is_own(filename: str) -> bool:
 
 def where(skip: int = 1) -> str:
     """The learner's "file:line" that led here: the innermost frame in the learner's code."""
-    frame = sys._getframe(skip)
+    frame: FrameType | None = sys._getframe(skip)
     while frame is not None:
         name = frame.f_code.co_filename
         if is_own(name):
@@ -53,47 +60,28 @@ def location(path: str, line: int) -> str:
 
 
 def note(kind: str, where_: str | None = None, **fields: Any) -> dict[str, Any]:
-    """Append one event for this rank and return it (a probe may add to it later, e.g. a
-    data loader pass its batches); `where_` overrides the learner's line found here."""
-    event = {"kind": kind, "where": where(2) if where_ is None else where_,
-             "t": time.monotonic(), **fields}
+    """Append one event for this rank, journal it, and return it (a probe may add to it
+    later, e.g. a data loader pass its batches); `where_` overrides the learner's line."""
+    return _append({"kind": kind, "where": where(2) if where_ is None else where_,
+                    "t": time.monotonic(), **fields})
+
+
+def _append(event: dict[str, Any]) -> dict[str, Any]:
     _events.append(event)
-    if _journal_file() is not None:
-        _write_journal(event)
+    collectors.journal(COLLECTOR, event)  # a no-op outside a launched rank
     return event
 
 
-def journal(path: str) -> None:
-    """Also append each event to `path` as it is noted: a rank that a signal kills (gloo's
-    size check aborts it) sends nothing home, but its journal holds its events up to then
-    (as they were noted: a data pass's batches come later and are not in it)."""
-    _journal["file"] = open(path, "ab")  # noqa: SIM115 - open for the rank's life
-    os.register_at_fork(after_in_child=_journal.clear)  # a DataLoader worker: not its file
+def tag(obj: object, name: str, value: object) -> None:
+    """Keep a probe's bookkeeping on a torch object (a DataLoader, an optimizer, a module) as
+    the attribute `_xray_<name>`, past any __setattr__ of its own (nn.Module's, DataLoader's)."""
+    object.__setattr__(obj, f"_xray_{name}", value)
 
 
-def _journal_file() -> Any:
-    return _journal.get("file")
-
-
-def _write_journal(event: dict[str, Any]) -> None:
-    try:
-        pickle.dump(event, _journal["file"])
-        _journal["file"].flush()  # in the kernel's hands: an abort cannot lose it
-    except Exception:  # noqa: BLE001 - an unpicklable field, a full disk: stop journalling
-        _journal["file"] = None
-
-
-def journaled(path: str) -> list[dict[str, Any]] | None:
-    """The events a rank journaled (None when it journaled none)."""
-    events = []
-    try:
-        with open(path, "rb") as f:
-            while True:
-                events.append(pickle.load(f))
-    except (EOFError, pickle.UnpicklingError):
-        return events or None
-    except OSError:
-        return None
+def tagged(obj: object, name: str, kind: type[T]) -> T | None:
+    """What tag() kept on `obj` under `name`, when it is a `kind` (else None)."""
+    value = getattr(obj, f"_xray_{name}", None)
+    return value if isinstance(value, kind) else None
 
 
 def events() -> list[dict[str, Any]]:
@@ -107,25 +95,27 @@ def clear() -> None:
 
 
 @contextmanager
-def guard() -> Iterator[None]:
-    """Around a probe's own bookkeeping: a failure there must never break the learner's
-    run; it is kept as a "probe_error" event naming the probe module (the first one of
-    each kind of error), and the rules that probe feeds say "could not check"."""
+def guard(probe: str = "", installing: bool = False) -> Iterator[None]:
+    """Around a probe's own bookkeeping (or its installation): a failure there must never
+    break the learner's run; it is kept as a "probe_error" event naming the probe module
+    (`probe`, else the probe module on the stack), once per error text, and the rules that
+    probe feeds say "not judged"."""
     try:
         yield
     except Exception as exc:  # noqa: BLE001 - any bug of ours: note it, run on
         text = f"{type(exc).__name__}: {exc}"[:200]
         if not any(e["kind"] == "probe_error" and e["error"] == text for e in _events):
-            _events.append({"kind": "probe_error", "where": "", "t": time.monotonic(),
-                            "error": text, "probe": _probe_module()})
+            _append({"kind": "probe_error", "where": "", "t": time.monotonic(),
+                     "error": text, "probe": probe or _probe_module(),
+                     "installing": installing})
 
 
 def _probe_module() -> str:
     """The probe whose bookkeeping failed: "ddp" for course_lib.xray.probes.ddp."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if name.startswith(_PROBES):
-            return name[len(_PROBES):]
+            return str(name[len(_PROBES):])
         frame = frame.f_back
     return ""

@@ -3,6 +3,7 @@ gradients underflowing to zero (S3)."""
 
 from __future__ import annotations
 
+from course_lib.xray.events import Autocast, Fp16Params, OptStep, ScalerScale
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
 from course_lib.xray.run_events import RunEvents
@@ -10,37 +11,36 @@ from course_lib.xray.run_events import RunEvents
 MOSTLY_ZERO = 0.5  # a step whose gradient values are at least this fraction exactly 0.0
 
 
-def _no_fp16(obs: RunEvents) -> str:
-    if obs.of("fp16_params") or any(e["dtype"] == "float16" for _, e in obs.of("autocast")):
+def _no_fp16(run: RunEvents) -> str:
+    if run.of(Fp16Params) or any(e["dtype"] == "float16" for _, e in run.of(Autocast)):
         return ""
     return "no fp16 autocast ran and no fp16 weights were trained"
 
 
-@rule("S3", needs=("autocast", "fp16_params", "scaler_scale", "opt_step"), unjudged=_no_fp16)
-def _s3(obs: RunEvents) -> Finding | None:
+@rule("S3", needs=(Autocast, Fp16Params, ScalerScale, OptStep), unjudged=_no_fp16,
+      absent="no rank trained in fp16 without a GradScaler scaling its loss")
+def _s3(run: RunEvents) -> Finding | None:
     """S3 on the first rank that trained under fp16 autocast without scaling its loss:
     confirmed when most steps' gradients were mostly exactly zero, else suspected."""
-    for rank in sorted(obs.events):
-        fp16 = [e for r, e in obs.of("autocast") if r == rank
-                and e["dtype"] == "float16" and e["training"]]
-        fp16 += [{**e, "device": "fp16 weights"} for r, e in obs.of("fp16_params")
-                 if r == rank]
-        scaled = [e for r, e in obs.of("scaler_scale") if r == rank]
+    for rank in run.ranks:
+        fp16 = [(e["where"], f"fp16 autocast ({e['device']})") for r, e in run.of(Autocast)
+                if r == rank and e["dtype"] == "float16" and e["training"]]
+        fp16 += [(e["where"], "fp16 weights") for r, e in run.of(Fp16Params) if r == rank]
+        scaled = [e for r, e in run.of(ScalerScale) if r == rank]
         if not fp16 or scaled:
             continue
-        steps = [e for r, e in obs.of("opt_step") if r == rank and e.get("values")]
-        where = fp16[0]["where"]
+        steps = [e for r, e in run.of(OptStep) if r == rank and e.get("values")]
+        where, how = fp16[0]
         if not steps:
-            return finding("S3", f"rank {rank} trained under fp16 autocast "
-                                 f"({fp16[0]['device']}) without a GradScaler; no optimizer "
-                                 f"step came to measure its gradients", where, "suspected")
-        fractions = [e["zero"] / e["values"] for e in steps]
+            return finding("S3", f"rank {rank} trained with {how} without a GradScaler; no "
+                                 f"optimizer step came to measure its gradients", where,
+                           "suspected")
+        fractions = [e.get("zero", 0) / e.get("values", 1) for e in steps]
         zero_steps = sum(f >= MOSTLY_ZERO for f in fractions)
-        all_zero = sum(e["max_abs"] == 0.0 for e in steps)
+        all_zero = sum(e.get("max_abs") == 0.0 for e in steps)
         low, high = f"{min(fractions):.0%}", f"{max(fractions):.0%}"
         span = low if low == high else f"{low}-{high}"
-        how = "fp16 weights" if "fp16 weights" in fp16[0]["device"] else "fp16 autocast"
-        evidence = (f"{how} without a GradScaler on rank {rank}: {span} of the "
+        evidence = (f"{how.split(' (')[0]} without a GradScaler on rank {rank}: {span} of the "
                     f"gradient values were exactly 0.0 at the {len(steps)} optimizer steps "
                     f"measured")
         if all_zero:

@@ -4,8 +4,8 @@ that raced another rank's save of the same file (P15)."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
+from course_lib.xray.events import Load, LoadStateDict, Save
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
 from course_lib.xray.run_events import RunEvents
@@ -13,24 +13,26 @@ from course_lib.xray.run_events import RunEvents
 SOON_MS = 1000  # a failed load this close before another rank's save of the file raced it
 
 
-def _nothing_loaded(obs: RunEvents) -> str:
-    if obs.of("load_state_dict"):
+def _nothing_loaded(run: RunEvents) -> str:
+    if run.of(LoadStateDict):
         return ""
-    prefixed = [e for _, e in obs.of("save") if e["prefixed"]]
+    prefixed = [e for _, e in run.of(Save) if e["prefixed"]]
     return (f"the checkpoint saved at {prefixed[0]['where']} has 'module.' keys but no state "
             f"dict was loaded in this run" if prefixed else "no state dict was loaded into a model")
 
 
-def _no_save_and_load(obs: RunEvents) -> str:
-    if not obs.of("save"):
+def _no_save_and_load(run: RunEvents) -> str:
+    if not run.of(Save):
         return "no checkpoint was saved with torch.save"
-    return "" if obs.of("load") else "no checkpoint was loaded with torch.load"
+    return "" if run.of(Load) else "no checkpoint was loaded with torch.load"
 
 
-@rule("P12", needs=("load_state_dict", "save"), unjudged=_nothing_loaded)
-def _p12(obs: RunEvents) -> Finding | None:
+@rule("P12", needs=(LoadStateDict, Save), unjudged=_nothing_loaded,
+      absent="no state dict with DDP's 'module.' keys was loaded into a plain model, nor one "
+             "without them into the DDP wrapper")
+def _p12(run: RunEvents) -> Finding | None:
     """A state dict loaded into a module whose keys do not carry the same DDP prefix."""
-    for rank, e in obs.of("load_state_dict"):
+    for rank, e in run.of(LoadStateDict):
         if not e["keys"]:
             continue
         into_plain = not e["wrapper"] and e["prefixed"]
@@ -46,7 +48,7 @@ def _p12(obs: RunEvents) -> Finding | None:
         else:
             outcome = (f" with strict=False: {e.get('missing', 0)} of the model's keys were "
                        f"left unloaded")
-        origin = next((s["where"] for _, s in obs.of("save") if s["prefixed"]), "")
+        origin = next((s["where"] for _, s in run.of(Save) if s["prefixed"]), "")
         saved = f" (saved from the wrapper at {origin})" if origin and into_plain else ""
         return finding("P12", f"rank {rank} loaded {what}{outcome}{saved}", e["where"])
     return None
@@ -59,14 +61,15 @@ def _key_error(error: str) -> str:
     return (keys[-1] if keys else lines[0])[:100]
 
 
-@rule("P15", needs=("save", "load"), unjudged=_no_save_and_load)
-def _p15(obs: RunEvents) -> Finding | None:
+@rule("P15", needs=(Save, Load), unjudged=_no_save_and_load,
+      absent="no rank loaded a checkpoint while, or before, another rank saved it")
+def _p15(run: RunEvents) -> Finding | None:
     """A load by one rank that began before another rank's save of the same file ended:
     while it was written, or before it was written when the saver itself read it after."""
-    saves = obs.of("save")
+    saves = run.of(Save)
     if not saves:
         return None
-    loads = obs.of("load")
+    loads = run.of(Load)
     for rank, load in loads:
         for saver, save in saves:
             if saver == rank or save["path"] != load["path"]:
@@ -80,7 +83,7 @@ def _p15(obs: RunEvents) -> Finding | None:
     return None
 
 
-def _race(load: dict[str, Any], save: dict[str, Any], saver_reads: str) -> str:
+def _race(load: Load, save: Save, saver_reads: str) -> str:
     """How the load raced the save, or "" when it did not. `saver_reads` says whether the
     saving rank's matching load came "after" its save, "before" it, or "never"."""
     save_end = save.get("t_end", float("inf"))
@@ -105,15 +108,15 @@ def _race(load: dict[str, Any], save: dict[str, Any], saver_reads: str) -> str:
     return ""
 
 
-def _ordered(load: dict[str, Any], save: dict[str, Any]) -> bool:
+def _ordered(load: Load, save: Save) -> bool:
     """The loading rank had finished a collective (or DDP backward) that the saving rank
     began only after its save ended: the load could not have come first."""
     return (load["collectives"] > save["collectives"]
             or load["ddp_backwards"] > save["ddp_forwards"])
 
 
-def _saver_reads(loads: list[tuple[int, dict[str, Any]]], saver: int, rank: int,
-                 load: dict[str, Any], save: dict[str, Any]) -> str:
+def _saver_reads(loads: list[tuple[int, Load]], saver: int, rank: int, load: Load,
+                 save: Save) -> str:
     """Whether the saver's load of the file that matches this rank's (the same count of
     loads of that file) came "after" its save (the file this rank read was meant to be the
     new one), "before" it, or "never" (the saver does not read the file)."""
@@ -127,7 +130,7 @@ def _saver_reads(loads: list[tuple[int, dict[str, Any]]], saver: int, rank: int,
     return "before"
 
 
-def _sizes(load: dict[str, Any], save: dict[str, Any]) -> str:
+def _sizes(load: Load, save: Save) -> str:
     if load["size"] < 0:
         seen = "the file did not exist yet"
     else:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from course_lib import words
 from course_lib.xray.detectors.passes import (
     SAME_SHARE,
-    Pass,
     consumed,
     epoch,
     grouped,
@@ -16,67 +16,62 @@ from course_lib.xray.detectors.passes import (
     samples,
     training,
 )
+from course_lib.xray.events import Join, Loader, Pass, Sampler, SetEpoch
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
 from course_lib.xray.run_events import RunEvents
 
 # -- why a run gave a rule nothing to judge ------------------------------------------------------
 
-def _no_training(obs: RunEvents) -> str:
-    if not any(training(p) for _, p in obs.of("pass")):
+def _no_training(run: RunEvents) -> str:
+    if not any(training(p) for _, p in run.of(Pass)):
         return "no training loop over a DataLoader ran"
     return ""
 
 
-def _no_training_across_ranks(obs: RunEvents) -> str:
-    return _no_training(obs) or ("one rank only" if obs.world_size < 2 else "")
+def _no_training_across_ranks(run: RunEvents) -> str:
+    return _no_training(run) or ("one rank only" if run.world_size < 2 else "")
 
 
-def _no_second_epoch(obs: RunEvents) -> str:
-    if _no_training(obs) or _repeated_training(obs):
-        return _no_training(obs)
+def _no_second_epoch(run: RunEvents) -> str:
+    if _no_training(run) or _repeated_training(run):
+        return _no_training(run)
     return "no DataLoader was trained on for two epochs"
-
-
-def _ranks(ranks: list[int]) -> str:
-    ranks = sorted(ranks)
-    if len(ranks) == 2:
-        return f"rank {ranks[0]} and rank {ranks[1]}"
-    return "ranks " + ", ".join(map(str, ranks))
 
 
 # -- P18 ----------------------------------------------------------------------------------------
 
-@rule("P18", needs=("loader",),
-      unjudged=lambda obs: "" if obs.of("loader") else "no DataLoader was made")
-def _p18(obs: RunEvents) -> Finding | None:
-    bad = [(r, e) for r, e in obs.of("loader") if e["shuffle"] and e["sampler"]]
+@rule("P18", needs=(Loader,), absent="no DataLoader was given shuffle=True and a sampler",
+      unjudged=lambda run: "" if run.of(Loader) else "no DataLoader was made")
+def _p18(run: RunEvents) -> Finding | None:
+    bad = [(r, e) for r, e in run.of(Loader) if e["shuffle"] and e["sampler"]]
     if not bad:
         return None
     _, e = bad[0]
-    raised = "mutually exclusive with shuffle" in _error_text(obs)
+    raised = "mutually exclusive with shuffle" in _error_text(run)
     what = (" and DataLoader raised 'sampler option is mutually exclusive with shuffle'"
             if raised else "")
     return finding("P18", f"DataLoader(shuffle=True, sampler={e['sampler']}(...)) was made on "
                           f"{len({r for r, _ in bad})} rank(s){what}", e["where"])
 
 
-def _error_text(obs: RunEvents) -> str:
-    return str(obs.error) if obs.error is not None else ""
+def _error_text(run: RunEvents) -> str:
+    return str(run.error) if run.error is not None else ""
 
 
 # -- P03 ----------------------------------------------------------------------------------------
 
-@rule("P03", needs=("pass", "sampler"), unjudged=_no_training_across_ranks)
-def _p03(obs: RunEvents) -> Finding | None:
-    for group in grouped(obs):
+@rule("P03", needs=(Pass, Sampler), unjudged=_no_training_across_ranks,
+      absent="no two ranks read the same samples in the first training pass over a loader")
+def _p03(run: RunEvents) -> Finding | None:
+    for group in grouped(run):
         passes = [group[r] for r in sorted(group)]
         if not all(training(p) for p in passes):
             continue
         twins, evidence = _twins(group)
         if evidence:
-            return finding("P03", f"{_ranks(twins)} {evidence} in {epoch(passes[0])}"
-                                  f"{_unused_sampler(obs)}", loader_line(passes[0]))
+            return finding("P03", f"{words.ranks(twins)} {evidence} in {epoch(passes[0])}"
+                                  f"{_unused_sampler(run)}", loader_line(passes[0]))
         return None  # judged on the first training pass
     return None
 
@@ -129,10 +124,10 @@ def _sampler_text(p: Pass) -> str:
             f"rank={settings['rank']}) on rank 0")
 
 
-def _unused_sampler(obs: RunEvents) -> str:
+def _unused_sampler(run: RunEvents) -> str:
     """'; a DistributedSampler made at x.py:12 was never iterated' when one was."""
-    used = {p["sampler_key"] for _, p in obs.of("pass")}
-    unused = [e for _, e in obs.of("sampler") if e["key"] not in used]
+    used = {p["sampler_key"] for _, p in run.of(Pass)}
+    unused = [e for _, e in run.of(Sampler) if e["key"] not in used]
     if not unused:
         return ""
     return (f"; a DistributedSampler made at {unused[0]['where']} was never given to a "
@@ -141,19 +136,20 @@ def _unused_sampler(obs: RunEvents) -> str:
 
 # -- P04 ----------------------------------------------------------------------------------------
 
-def _repeated_training(obs: RunEvents) -> dict[tuple[int, str], list[Pass]]:
+def _repeated_training(run: RunEvents) -> dict[tuple[int, str], list[Pass]]:
     """Per (rank, loader line), its complete training passes, when there are two or more."""
     runs: dict[tuple[int, str], list[Pass]] = defaultdict(list)
-    for rank, p in obs.of("pass"):
+    for rank, p in run.of(Pass):
         if training(p) and p["done"]:
             runs[(rank, loader_line(p))].append(p)
     return {k: v for k, v in runs.items() if len(v) >= 2}
 
 
-@rule("P04", needs=("pass", "set_epoch"), unjudged=_no_second_epoch)
-def _p04(obs: RunEvents) -> Finding | None:
+@rule("P04", needs=(Pass, SetEpoch), unjudged=_no_second_epoch,
+      absent="no DistributedSampler(shuffle=True) gave the ranks the same order in two epochs")
+def _p04(run: RunEvents) -> Finding | None:
     repeated: dict[str, dict[int, list[Pass]]] = defaultdict(dict)
-    for (rank, line), passes in _repeated_training(obs).items():
+    for (rank, line), passes in _repeated_training(run).items():
         repeated[line][rank] = [p for p in passes
                                 if p["distributed"] and p["distributed"]["shuffle"]]
     for line, by_rank in repeated.items():
@@ -164,16 +160,20 @@ def _p04(obs: RunEvents) -> Finding | None:
         if pair is None:
             continue
         i, j = pair
-        calls = sum(1 for _, e in obs.of("set_epoch"))
+        calls = sum(1 for _, e in run.of(SetEpoch))
         n = len(consumed(first[0]))
         every = len(first) > 2 and all(consumed(p) == consumed(first[0]) for p in first)
         when = f"all {len(first)} epochs" if every else f"epochs {i} and {j}"
-        epoch = first[i]["distributed"]["epoch"]
+        settings = first[i]["distributed"]
+        epoch = settings["epoch"] if settings else 0
         why = ("set_epoch() was never called" if not calls else
                f"the sampler's epoch was {epoch} at the start of "
                f"{'every epoch' if every else 'both'}")
+        loop = first[j]["where"]
         return finding("P04", f"every rank read its {n} samples in the same order in {when} "
-                              f"(DistributedSampler(shuffle=True); {why})", line)
+                              f"(the DataLoader made at {line} has a DistributedSampler("
+                              f"shuffle=True); {why}): call sampler.set_epoch(epoch) before "
+                              "this loop, in each epoch", loop or line)
     return None
 
 
@@ -189,21 +189,23 @@ def _repeated_order(by_rank: list[list[Pass]]) -> tuple[int, int] | None:
 
 # -- P20 ----------------------------------------------------------------------------------------
 
-@rule("P20", needs=("pass", "join"), unjudged=_no_training_across_ranks, hides=("S1",))
-def _p20(obs: RunEvents) -> Finding | None:
+@rule("P20", needs=(Pass, Join), unjudged=_no_training_across_ranks, hides=("S1",),
+      absent="no rank's training loader ran out before another's or gave it fewer samples "
+             "(outside Join)")
+def _p20(run: RunEvents) -> Finding | None:
     """Ranks whose loaders ran out at different steps (their hang is P20's symptom, so the
     desync it ends in, S1, is not reported beside it)."""
-    if any(e["enable"] for _, e in obs.of("join")):
+    if any(e["enable"] for _, e in run.of(Join)):
         return None  # uneven inputs under Join (model.join()): handled
-    groups = grouped(obs)
+    groups = grouped(run)
     for group in groups:
         if not any(training(p) for p in group.values()):
             continue
         counts = {r: len(p["sizes"]) for r, p in group.items()}
         ended = {r: n for r, n in counts.items() if group[r]["done"]}
         if ended and max(counts.values()) > min(ended.values()):
-            short = min(ended, key=ended.get)
-            long = max(counts, key=counts.get)
+            short = min(ended, key=lambda r: ended[r])
+            long = max(counts, key=lambda r: counts[r])
             p = group[short]
             return finding("P20", f"in {epoch(p)}, rank {short}'s loader ran out after "
                                   f"{ended[short]} batches while rank {long} took "

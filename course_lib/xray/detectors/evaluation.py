@@ -7,7 +7,6 @@ import re
 
 from course_lib.xray.detectors.passes import (
     SAME_SHARE,
-    Pass,
     consumed,
     evaluating,
     grouped,
@@ -15,6 +14,7 @@ from course_lib.xray.detectors.passes import (
     loader_line,
     training,
 )
+from course_lib.xray.events import Collective, Pass, Print
 from course_lib.xray.probes.collectives import OPS
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
@@ -24,10 +24,10 @@ COLLECTIVES_THAT_COMBINE = {name for name, op in OPS.items() if op.combines}
 _METRIC = re.compile(r"\d\.\d|\d\s*%|\d\s*/\s*\d")  # 0.93, 93 %, 93/100: a measured value
 
 
-def _no_evaluation_across_ranks(obs: RunEvents) -> str:
-    if obs.world_size < 2:
+def _no_evaluation_across_ranks(run: RunEvents) -> str:
+    if run.world_size < 2:
         return "one rank only"
-    if not any(evaluating(p) for _, p in obs.of("pass")):
+    if not any(evaluating(p) for _, p in run.of(Pass)):
         return "no evaluation loop over a DataLoader ran"
     return ""
 
@@ -38,22 +38,23 @@ def _eval_groups(groups: list[dict[int, Pass]]) -> list[dict[int, Pass]]:
     return [g for g in groups if all(evaluating(p) and p["done"] for p in g.values())]
 
 
-def _combined_after(obs: RunEvents, rank: int, start: float, end: float) -> list[dict]:
+def _combined_after(run: RunEvents, rank: int, start: float, end: float) -> list[Collective]:
     """The learner's collectives that combine values, on `rank` between two times."""
-    return [e for r, e in obs.of("collective")
+    return [e for r, e in run.of(Collective)
             if r == rank and start <= e["t"] <= end and e["op"] in COLLECTIVES_THAT_COMBINE]
 
 
-@rule("X1", needs=("pass", "collective"), unjudged=_no_evaluation_across_ranks)
-def _x1(obs: RunEvents) -> Finding | None:
-    for group in _eval_groups(grouped(obs)):
+@rule("X1", needs=(Pass, Collective), unjudged=_no_evaluation_across_ranks,
+      absent="no evaluation summed or gathered across ranks counted a padded sample twice")
+def _x1(run: RunEvents) -> Finding | None:
+    for group in _eval_groups(grouped(run)):
         p = group[min(group)]
         settings, size = p["distributed"], p["dataset_len"]
         if not settings or not size or settings["total_size"] <= size:
             continue
         read = sum(len(consumed(q)) for q in group.values())
         extra = read - len({i for q in group.values() for i in consumed(q)})
-        combined = _combined_after(obs, min(group), p["t"], _window_end(obs, p))
+        combined = _combined_after(run, min(group), p["t"], _window_end(run, min(group), p))
         if extra <= 0 or not combined:
             continue
         summed = any(e["op"] in ("all_reduce", "reduce") for e in combined)
@@ -66,34 +67,31 @@ def _x1(obs: RunEvents) -> Finding | None:
     return None
 
 
-def _window_end(obs: RunEvents, p: Pass) -> float:
+def _window_end(run: RunEvents, rank: int, p: Pass) -> float:
     """When this evaluation's results were last in use on its rank: until the next training
     pass or the next pass of the same loader (else the end of the run). Other evaluation
     passes in between (imagenet's extra pass over the samples drop_last left out) add to
     the same numbers."""
-    rank = _rank_of(obs, p)
-    later = [e["t"] for r, e in obs.of("pass") if r == rank and e["t"] > p["t"]
+    later = [e["t"] for r, e in run.of(Pass) if r == rank and e["t"] > p["t"]
              and (training(e) or e["loader"] == p["loader"])]
     return min(later, default=float("inf"))
 
 
-def _rank_of(obs: RunEvents, p: Pass) -> int:
-    return next(r for r, events in obs.events.items() if any(e is p for e in events))
-
-
-@rule("X2", needs=("pass", "print", "collective"), unjudged=_no_evaluation_across_ranks)
-def _x2(obs: RunEvents) -> Finding | None:
-    for group in _eval_groups(grouped(obs)):
+@rule("X2", needs=(Pass, Print, Collective), unjudged=_no_evaluation_across_ranks,
+      absent="no rank printed a metric from its share of an evaluation before a collective "
+             "combined the ranks' results")
+def _x2(run: RunEvents) -> Finding | None:
+    for group in _eval_groups(grouped(run)):
         indices = [set(consumed(p)) for p in group.values()]
         if not all(indices) or in_all(indices) >= SAME_SHARE * min(map(len, indices)):
             continue  # each rank evaluated everything: its own number is the whole set's
         for rank in sorted(group):
             p = group[rank]
-            end = _window_end(obs, p)
+            end = _window_end(run, rank, p)
             left = p.get("stopped", p["end"])  # a print in the loop body is per batch
-            prints = [e for r, e in obs.of("print") if r == rank and left < e["t"] < end
+            prints = [e for r, e in run.of(Print) if r == rank and left < e["t"] < end
                       and _METRIC.search(e["text"])]
-            if not prints or _combined_after(obs, rank, p["t"], prints[0]["t"]):
+            if not prints or _combined_after(run, rank, p["t"], prints[0]["t"]):
                 continue
             size = p["dataset_len"]
             of = f" of the {size} evaluation samples" if size else " of the evaluation samples"

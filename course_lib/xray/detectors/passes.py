@@ -9,18 +9,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from course_lib.xray.events import Pass
 from course_lib.xray.run_events import RunEvents
 
 SAME_SHARE = 0.5  # ranks that share at least this fraction of their samples read the same data
-Pass = dict[str, Any]
 
 
-def grouped(obs: RunEvents) -> list[dict[int, Pass]]:
+def grouped(run: RunEvents) -> list[dict[int, Pass]]:
     """Passes by (loader, pass number), each a dict rank -> pass, every rank present."""
-    by_key: dict[tuple, dict[int, Pass]] = defaultdict(dict)
-    for rank, p in obs.of("pass"):
+    by_key: dict[tuple[str, int], dict[int, Pass]] = defaultdict(dict)
+    for rank, p in run.of(Pass):
         by_key[(p["loader"], p["number"])][rank] = p
-    return [g for g in by_key.values() if len(g) == obs.world_size >= 2]
+    return [g for g in by_key.values() if len(g) == run.world_size >= 2]
 
 
 def training(p: Pass) -> bool:
@@ -48,7 +48,7 @@ def loader_line(p: Pass) -> str:
     return p["loader"].rsplit("#", 1)[0]
 
 
-def in_all(sets: list[set]) -> int:
+def in_all(sets: list[set[Any]]) -> int:
     """How many items every set holds."""
     return len(set.intersection(*sets))
 

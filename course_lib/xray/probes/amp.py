@@ -1,8 +1,9 @@
 """Probe: mixed precision: autocast's dtype when it trains, and whether a GradScaler scales.
 
 Wraps autocast's __enter__ (noted once per device and dtype, with whether gradients were
-enabled: training or only evaluation), GradScaler's constructor and scale() (its first use),
-and GradScaler.step (a step it skipped for inf/NaN gradients goes to the optimizer probe).
+enabled: training or only evaluation), GradScaler.scale (its first use by each enabled
+scaler) and GradScaler.step (a step it skipped for inf/NaN gradients goes to the optimizer
+probe).
 """
 
 from __future__ import annotations
@@ -16,15 +17,19 @@ from torch.amp.autocast_mode import autocast
 
 from course_lib.xray import record
 from course_lib.xray.probes import optim
+from course_lib.xray.probes.patching import Patch, apply
 
 _seen: set[tuple[str, str, bool]] = set()
 
 
+def patches() -> list[Patch]:
+    """autocast.__enter__ and GradScaler's scale() and step()."""
+    return [Patch(autocast, "__enter__", _enter), Patch(GradScaler, "scale", _scale),
+            Patch(GradScaler, "step", _step)]
+
+
 def install() -> None:
-    """Patch autocast.__enter__ and GradScaler's scale() and step()."""
-    autocast.__enter__ = _enter(autocast.__enter__)
-    GradScaler.scale = _scale(GradScaler.scale)
-    GradScaler.step = _step(GradScaler.step)
+    apply(patches())
 
 
 def _enter(real: Any) -> Any:
@@ -54,8 +59,8 @@ def _scale(real: Any) -> Any:
     @functools.wraps(real)
     def scale(self: GradScaler, outputs: Any) -> Any:
         with record.guard():
-            if self._enabled and not getattr(self, "_xray_scaled", False):
-                self._xray_scaled = True
+            if self._enabled and not record.tagged(self, "scaled", bool):
+                record.tag(self, "scaled", True)
                 record.note("scaler_scale")
         return real(self, outputs)
     return scale
@@ -65,10 +70,10 @@ def _step(real: Any) -> Any:
     @functools.wraps(real)
     def step(self: GradScaler, optimizer: torch.optim.Optimizer, *args: Any,
              **kwargs: Any) -> Any:
-        before = getattr(optimizer, "_xray_steps", 0)
+        before = record.tagged(optimizer, "steps", int) or 0
         out = real(self, optimizer, *args, **kwargs)
         with record.guard():
-            if getattr(optimizer, "_xray_steps", 0) == before:
+            if (record.tagged(optimizer, "steps", int) or 0) == before:
                 optim.skipped_step(optimizer)
         return out
     return step

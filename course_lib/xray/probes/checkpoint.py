@@ -20,16 +20,20 @@ from torch import nn
 
 from course_lib.xray import record
 from course_lib.xray.probes import ddp
+from course_lib.xray.probes.patching import Patch, apply
 
 PREFIX = "module."
 _TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
+def patches() -> list[Patch]:
+    """torch.save, torch.load and nn.Module.load_state_dict."""
+    return [Patch(torch, "save", _save), Patch(torch, "load", _load),
+            Patch(nn.Module, "load_state_dict", _load_state_dict)]
+
+
 def install() -> None:
-    """Patch torch.save, torch.load and nn.Module.load_state_dict."""
-    torch.save = _save(torch.save)
-    torch.load = _load(torch.load)
-    nn.Module.load_state_dict = _load_state_dict(nn.Module.load_state_dict)
+    apply(patches())
 
 
 def _from_torch() -> bool:
@@ -93,7 +97,8 @@ def _load(real: Any) -> Any:
         with record.guard():
             path = "" if _from_torch() else file_of(f)
             if path:
-                event = record.note("load", path=path, size=_size(path), **_sync_points())
+                event = record.note("load", None, path=path, size=_size(path),
+                                    **_sync_points())
         if not event:
             return real(f, *args, **kwargs)
         try:
@@ -126,8 +131,8 @@ def _load_state_dict(real: Any) -> Any:
     return load_state_dict
 
 
-def _note_load_state_dict(module: nn.Module, state_dict: Any, args: tuple,
-                          kwargs: dict) -> dict[str, Any]:
+def _note_load_state_dict(module: nn.Module, state_dict: Any, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     prefixed, keys = prefixed_keys(state_dict)

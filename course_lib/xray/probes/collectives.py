@@ -33,6 +33,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.xray import record
+from course_lib.xray.probes.patching import Patch, apply
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ OPS = {
     "recv": Op("tensor"), "isend": Op("tensor"), "irecv": Op("tensor"),
 }
 
-Listener = Callable[[str, tuple, dict], None]  # (op, args, kwargs) before the call runs
+# (op, args, kwargs) before the call runs
+Listener = Callable[[str, tuple[Any, ...], dict[str, Any]], None]
 
 _inside = threading.local()
 _listeners: list[Listener] = []
@@ -75,9 +77,14 @@ class Call:
 def install() -> None:
     """For the x-ray: note every collective call for the rank's life, and DDP's buffer
     broadcasts (with the grad mode of the forward that made it)."""
-    DDP._sync_buffers = _buffer_sync(DDP._sync_buffers)
-    _wrap_all()
+    apply(patches())  # first: a renamed private name raises before anything is wrapped
+    _wrap_all()  # the public ops this torch has (the others are skipped)
     _listeners.append(_note)
+
+
+def patches() -> list[Patch]:
+    """DDP's buffer broadcast (the ops themselves: _wrap_all, shared with recorded())."""
+    return [Patch(DDP, "_sync_buffers", _buffer_sync)]
 
 
 @contextmanager
@@ -86,7 +93,7 @@ def recorded() -> Iterator[list[Call]]:
     only while it runs (unless the x-ray's probe wraps them already)."""
     calls: list[Call] = []
 
-    def listen(op: str, args: tuple, kwargs: dict) -> None:
+    def listen(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         calls.append(Call(op, storage_of(_tensor_argument(op, args, kwargs))))
 
     wrapped_here = _wrap_all()
@@ -150,7 +157,7 @@ def _signature(op: str) -> inspect.Signature:
     return inspect.signature(_originals.get(op) or getattr(c10d, op))
 
 
-def _tensor_argument(op: str, args: tuple, kwargs: dict) -> Any:
+def _tensor_argument(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The value passed as the op's tensor argument (None when none was)."""
     if not OPS[op].tensor:
         return None
@@ -161,7 +168,7 @@ def _tensor_argument(op: str, args: tuple, kwargs: dict) -> Any:
     return bound.arguments.get(OPS[op].tensor)
 
 
-def _note(op: str, args: tuple, kwargs: dict) -> None:
+def _note(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     with record.guard():
         record.note("collective", op=op, shapes=_shapes(args, kwargs),
                     group=_group_size(kwargs))
@@ -177,7 +184,7 @@ def _buffer_sync(real: Any) -> Any:
     return sync_buffers
 
 
-def _shapes(args: tuple, kwargs: dict) -> list[list[int]]:
+def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[int]]:
     """The shapes of the tensors passed (the first level of lists looked into)."""
     shapes = []
     for value in (*args, *kwargs.values()):
@@ -186,7 +193,7 @@ def _shapes(args: tuple, kwargs: dict) -> list[list[int]]:
     return shapes[:4]
 
 
-def _group_size(kwargs: dict) -> int:
+def _group_size(kwargs: dict[str, Any]) -> int:
     group = kwargs.get("group")
     try:
         return dist.get_world_size(group) if group is not None else dist.get_world_size()

@@ -19,21 +19,26 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Subs
 from torch.utils.data import dataloader as dl
 
 from course_lib.xray import record
+from course_lib.xray.probes.patching import Patch, apply
 
 _state: dict[str, Any] = {"samplers": 0, "current": None, "opening": None}
 _at_line: dict[str, int] = {}  # loaders made at each line, to match them across ranks
 
 
+def patches() -> list[Patch]:
+    """DataLoader, its iterators, DistributedSampler, autograd's backward and Join."""
+    return [Patch(DataLoader, "__init__", _loader_init),
+            Patch(DataLoader, "__iter__", _loader_iter),
+            Patch(dl._BaseDataLoaderIter, "_next_index", _next_index),
+            Patch(dl._BaseDataLoaderIter, "__next__", _next),
+            Patch(DistributedSampler, "__init__", _sampler_init),
+            Patch(DistributedSampler, "set_epoch", _set_epoch),
+            Patch(torch.autograd, "backward", _backward),
+            Patch(Join, "__init__", _join_init)]
+
+
 def install() -> None:
-    """Patch DataLoader, its iterators, DistributedSampler and autograd's backward."""
-    DataLoader.__init__ = _loader_init(DataLoader.__init__)
-    DataLoader.__iter__ = _loader_iter(DataLoader.__iter__)
-    dl._BaseDataLoaderIter._next_index = _next_index(dl._BaseDataLoaderIter._next_index)
-    dl._BaseDataLoaderIter.__next__ = _next(dl._BaseDataLoaderIter.__next__)
-    DistributedSampler.__init__ = _sampler_init(DistributedSampler.__init__)
-    DistributedSampler.set_epoch = _set_epoch(DistributedSampler.set_epoch)
-    torch.autograd.backward = _backward(torch.autograd.backward)
-    Join.__init__ = _join_init(Join.__init__)
+    apply(patches())
 
 
 def _join_init(real: Any) -> Any:
@@ -49,34 +54,35 @@ def _sampler_key(sampler: Any) -> int:
     """A number for the sampler, the same on every rank that makes them in the same order."""
     if sampler is None:
         return 0
-    key = getattr(sampler, "_xray_key", None)
+    key = record.tagged(sampler, "key", int)
     if key is None:
         _state["samplers"] += 1
         key = _state["samplers"]
         try:
-            sampler._xray_key = key
-        except AttributeError:
+            record.tag(sampler, "key", key)
+        except (AttributeError, TypeError):  # a list of indices, a class with __slots__
             return 0
     return key
 
 
 def _loader_init(real: Any) -> Any:
     @functools.wraps(real)
-    def init(self: DataLoader, dataset: Any, *args: Any, **kwargs: Any) -> None:
+    def init(self: DataLoader[Any], dataset: Any, *args: Any, **kwargs: Any) -> None:
         with record.guard():
             _note_loader(self, args, kwargs)
         real(self, dataset, *args, **kwargs)
     return init
 
 
-def _note_loader(loader: DataLoader, args: tuple, kwargs: dict) -> None:
+def _note_loader(loader: DataLoader[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Note a DataLoader's sampler and shuffle before it is made (it may refuse them)."""
     where = record.where(3)
     sampler = kwargs.get("sampler", args[2] if len(args) > 2 else None)
     shuffle = kwargs.get("shuffle", args[1] if len(args) > 1 else None)
     _at_line[where] = _at_line.get(where, 0) + 1
-    loader._xray_key = f"{where}#{_at_line[where]}"
-    record.note("loader", where, key=loader._xray_key, shuffle=bool(shuffle),
+    key = f"{where}#{_at_line[where]}"
+    record.tag(loader, "key", key)
+    record.note("loader", where, key=key, shuffle=bool(shuffle),
                 sampler=type(sampler).__name__ if sampler is not None else "",
                 sampler_key=_sampler_key(sampler))
 
@@ -86,7 +92,7 @@ def _loader_iter(real: Any) -> Any:
     worker processes that already takes the first prefetch_factor * num_workers batches'
     indices from the sampler, in this process (dataloader.py _reset -> _try_put_index)."""
     @functools.wraps(real)
-    def iterate(self: DataLoader) -> Any:
+    def iterate(self: DataLoader[Any]) -> Any:
         current = None
         with record.guard():
             current = _new_pass(self)
@@ -97,14 +103,14 @@ def _loader_iter(real: Any) -> Any:
             _state["opening"] = None
         if current is not None:
             with record.guard():
-                it._xray_pass = current
+                record.tag(it, "pass", current)
         return it
     return iterate
 
 
-def _new_pass(loader: DataLoader) -> dict[str, Any]:
+def _new_pass(loader: DataLoader[Any]) -> dict[str, Any]:
     sampler = loader.sampler
-    key = getattr(loader, "_xray_key", "")
+    key = record.tagged(loader, "key", str) or ""
     previous = sum(1 for e in record.events() if e["kind"] == "pass" and e["loader"] == key)
     dist_sampler = sampler if isinstance(sampler, DistributedSampler) else None
     return record.note(
@@ -116,7 +122,7 @@ def _new_pass(loader: DataLoader) -> dict[str, Any]:
         backward=0, done=False, base=_index_maps(loader.dataset))
 
 
-def _sampler_settings(sampler: DistributedSampler | None) -> dict[str, Any] | None:
+def _sampler_settings(sampler: DistributedSampler[Any] | None) -> dict[str, Any] | None:
     if sampler is None:
         return None
     return {"num_replicas": sampler.num_replicas, "rank": sampler.rank,
@@ -149,7 +155,7 @@ def _next_index(real: Any) -> Any:
     @functools.wraps(real)
     def next_index(self: Any) -> Any:
         index = real(self)
-        current = _state["opening"] or getattr(self, "_xray_pass", None)
+        current = _state["opening"] or record.tagged(self, "pass", dict)
         if current is not None:
             with record.guard():
                 batch = index if isinstance(index, list) else [index]
@@ -162,7 +168,7 @@ def _next_index(real: Any) -> Any:
 def _next(real: Any) -> Any:
     @functools.wraps(real)
     def next_batch(self: Any) -> Any:
-        current = getattr(self, "_xray_pass", None)
+        current = record.tagged(self, "pass", dict)
         try:
             data = real(self)
         except StopIteration:
@@ -214,17 +220,17 @@ def _fingerprint(rows: torch.Tensor | None) -> list[float]:
 
 def _sampler_init(real: Any) -> Any:
     @functools.wraps(real)
-    def init(self: DistributedSampler, *args: Any, **kwargs: Any) -> None:
+    def init(self: DistributedSampler[Any], *args: Any, **kwargs: Any) -> None:
         real(self, *args, **kwargs)
         with record.guard():
-            record.note("sampler", key=_sampler_key(self), **_sampler_settings(self),
+            record.note("sampler", key=_sampler_key(self), **_sampler_settings(self) or {},
                         dataset_len=_len(self.dataset))
     return init
 
 
 def _set_epoch(real: Any) -> Any:
     @functools.wraps(real)
-    def set_epoch(self: DistributedSampler, epoch: int) -> None:
+    def set_epoch(self: DistributedSampler[Any], epoch: int) -> None:
         with record.guard():
             record.note("set_epoch", sampler_key=_sampler_key(self), epoch=int(epoch))
         real(self, epoch)

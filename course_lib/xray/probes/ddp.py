@@ -19,10 +19,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.xray import record
+from course_lib.xray.probes.patching import Patch, apply
 
 MAX_NAMES = 4  # unused parameters named in an event
 
-_live: list[weakref.ref] = []  # the run's DDP objects
+_live: list[weakref.ref[Any]] = []  # the run's DDP objects
 _progress = {"forwards": 0, "backwards": 0}  # synced ones over the run, every DDP model
 
 
@@ -35,7 +36,7 @@ class _Tracker:
         self.names = [n for n, _ in named]
         self.ids = {id(p) for _, p in named}
         self.params = [weakref.ref(p) for _, p in named]
-        self.probe: weakref.ref | None = None  # a small parameter that gets gradients
+        self.probe: weakref.ref[Any] | None = None  # a small parameter that gets gradients
         self.seen: set[int] = set()  # parameters that got a gradient since the last forward
         self.pending: bool | None = None  # the last forward's sync flag, None: no forward
         self.synced = self.local = self.all_used = self.no_sync = 0
@@ -85,22 +86,32 @@ class _Tracker:
         self.nonzero_seen = self.nonzero_seen or nonzero
 
 
-def _numel(ref: weakref.ref) -> int:
+def _numel(ref: weakref.ref[Any]) -> int:
     p = ref()
     return p.numel() if p is not None else 1 << 62
 
 
+def patches() -> list[Patch]:
+    """DDP's constructor, forward and no_sync, plain BatchNorm's forward, and zero_grad
+    (optimizer and module), which starts a new accumulation."""
+    return [Patch(DDP, "__init__", _ddp_init), Patch(DDP, "forward", _ddp_forward),
+            Patch(DDP, "no_sync", _no_sync), Patch(_BatchNorm, "forward", _bn_forward),
+            Patch(torch.optim.Optimizer, "zero_grad", functools.partial(
+                _zero_grad, params_of=_optimizer_params)),
+            Patch(nn.Module, "zero_grad", functools.partial(
+                _zero_grad, params_of=_module_params))]
+
+
 def install() -> None:
-    """Patch DDP's constructor, forward and no_sync, plain BatchNorm's forward, and
-    zero_grad (optimizer and module), which starts a new accumulation."""
-    DDP.__init__ = _ddp_init(DDP.__init__)
-    DDP.forward = _ddp_forward(DDP.forward)
-    DDP.no_sync = _no_sync(DDP.no_sync)
-    _BatchNorm.forward = _bn_forward(_BatchNorm.forward)
-    torch.optim.Optimizer.zero_grad = _zero_grad(
-        torch.optim.Optimizer.zero_grad,
-        lambda opt: [p for group in opt.param_groups for p in group["params"]])
-    nn.Module.zero_grad = _zero_grad(nn.Module.zero_grad, lambda m: list(m.parameters()))
+    apply(patches())
+
+
+def _optimizer_params(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def _module_params(module: nn.Module) -> list[torch.Tensor]:
+    return list(module.parameters())
 
 
 def progress() -> tuple[int, int]:
@@ -108,7 +119,7 @@ def progress() -> tuple[int, int]:
     k-th synced backward ends only after every rank began its k-th (the all-reduce)."""
     running = 0
     for ref in _live:
-        tracker = getattr(ref(), "_xray", None)
+        tracker = record.tagged(ref(), "tracker", _Tracker)
         running += bool(tracker is not None and tracker.pending and tracker.seen)
     return _progress["forwards"], _progress["backwards"] + running
 
@@ -118,7 +129,7 @@ def _trackers(params: list[torch.Tensor]) -> list[_Tracker]:
     ids = {id(p) for p in params}
     found = []
     for ref in list(_live):
-        tracker = getattr(ref(), "_xray", None)
+        tracker = record.tagged(ref(), "tracker", _Tracker)
         if tracker is not None and not tracker.ids.isdisjoint(ids):
             found.append(tracker)
     return found
@@ -172,7 +183,7 @@ def _watch(ddp: DDP, where: str) -> None:
     params = [p for p in ddp.module.parameters() if p.requires_grad]
     for index, p in enumerate(params):
         p.register_post_accumulate_grad_hook(_seen_hook(tracker, index))
-    ddp._xray = tracker
+    record.tag(ddp, "tracker", tracker)
     _live.append(weakref.ref(ddp))
     bns, sync_bns = _batchnorms(ddp.module)
     record.note("ddp", where, find_unused=bool(ddp.find_unused_parameters),
@@ -195,14 +206,14 @@ def _batchnorms(model: nn.Module) -> tuple[list[str], list[str]]:
             synced.append(name)
         elif isinstance(layer, _BatchNorm):
             plain.append(name)
-            layer._xray_name = name
+            record.tag(layer, "name", name)
     return plain, synced
 
 
 def _ddp_forward(real: Any) -> Any:
     @functools.wraps(real)
     def forward(self: DDP, *args: Any, **kwargs: Any) -> Any:
-        tracker = getattr(self, "_xray", None)
+        tracker = record.tagged(self, "tracker", _Tracker)
         if tracker is not None:
             with record.guard():
                 _before_forward(self, tracker)
@@ -224,7 +235,7 @@ def _before_forward(ddp: DDP, tracker: _Tracker) -> None:
 def _no_sync(real: Any) -> Any:
     @functools.wraps(real)
     def no_sync(self: DDP) -> Any:
-        tracker = getattr(self, "_xray", None)
+        tracker = record.tagged(self, "tracker", _Tracker)
         if tracker is not None:
             tracker.no_sync += 1
         return real(self)
@@ -233,7 +244,7 @@ def _no_sync(real: Any) -> Any:
 
 def _bn_forward(real: Any) -> Any:
     @functools.wraps(real)
-    def forward(self: _BatchNorm, input: torch.Tensor) -> torch.Tensor:
+    def forward(self: _BatchNorm, input: torch.Tensor) -> Any:
         with record.guard():
             _note_batchnorm(self, input)
         return real(self, input)
@@ -244,7 +255,7 @@ def _note_batchnorm(self: _BatchNorm, input: torch.Tensor) -> None:
     """Note a training BatchNorm layer's largest batch so far."""
     if self.training and torch.is_grad_enabled() and input.dim() >= 2:
         batch = int(input.shape[0])
-        if batch > getattr(self, "_xray_batch", 0):
-            self._xray_batch = batch
-            record.note("batchnorm", layer=getattr(self, "_xray_name", ""),
+        if batch > (record.tagged(self, "batch", int) or 0):
+            record.tag(self, "batch", batch)
+            record.note("batchnorm", layer=record.tagged(self, "name", str) or "",
                         cls=type(self).__name__, batch=batch, layer_id=id(self))

@@ -11,6 +11,7 @@ exactly zero. A GradScaler step that skips the optimizer step is noted as skippe
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from torch.optim.optimizer import (
 
 from course_lib.xray import record
 from course_lib.xray.probes import ddp
+from course_lib.xray.probes.patching import Patch
 
 FIRST_SAMPLED = 10  # steps 1..10 are sampled, then every SAMPLE_EVERY-th
 SAMPLE_EVERY = 50
@@ -31,10 +33,20 @@ _amp = {"fp16_training": False}  # set by the amp probe
 _made = {"optimizers": 0}
 
 
+def patches() -> list[Patch]:
+    """None: the probe registers torch's global optimizer step hooks instead (install)."""
+    return []
+
+
 def install() -> None:
-    """Register the global step hooks (a probe's own failure never stops the learner's run)."""
-    register_optimizer_step_pre_hook(_quiet(_pre_step))
-    register_optimizer_step_post_hook(_quiet(_post_step))
+    """Register the global step hooks, both or neither (a probe's own failure never stops
+    the learner's run)."""
+    before = register_optimizer_step_pre_hook(_quiet(_pre_step))
+    try:
+        register_optimizer_step_post_hook(_quiet(_post_step))
+    except BaseException:
+        before.remove()
+        raise
 
 
 def _quiet(hook: Any) -> Any:
@@ -57,7 +69,7 @@ def _comparable(params: list[torch.Tensor]) -> bool:
     return all(type(p) is torch.nn.Parameter or type(p) is torch.Tensor for p in params)
 
 
-def checksum(tensors: list[torch.Tensor | None]) -> list[list[float]]:
+def checksum(tensors: Sequence[torch.Tensor | None]) -> list[list[float]]:
     """Per tensor, its sum and sum of squares in float64 ([0, 0] for a missing gradient):
     equal on ranks whose tensors hold equal values."""
     out = []
@@ -94,14 +106,14 @@ def _pre_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         _local.depth = getattr(_local, "depth", 0) + 1
     if getattr(_local, "depth", 0) and not _is_zero(optimizer):
         return  # ZeRO's inner optimizer steps one shard: the outer step is the one noted
-    step = getattr(optimizer, "_xray_steps", 0) + 1
-    optimizer._xray_steps = step
-    optimizer._xray_pending = {}
+    step = (record.tagged(optimizer, "steps", int) or 0) + 1
+    pending: dict[str, Any] = {}
+    record.tag(optimizer, "steps", step)
+    record.tag(optimizer, "pending", pending)
     if step > MAX_EVENTS or not sampled(step):
         return
     params = _params(optimizer)
     grads = [p.grad for p in params if p.grad is not None]
-    pending = optimizer._xray_pending
     if _comparable(params):
         if step == 1:
             pending["params_before"] = checksum(params)
@@ -123,8 +135,8 @@ def _post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
         _local.depth = max(0, getattr(_local, "depth", 1) - 1)
     elif getattr(_local, "depth", 0):
         return
-    step = getattr(optimizer, "_xray_steps", 0)
-    pending = getattr(optimizer, "_xray_pending", {})
+    step = record.tagged(optimizer, "steps", int) or 0
+    pending = record.tagged(optimizer, "pending", dict) or {}
     counts = ddp.take_counts(_params(optimizer))
     if step > MAX_EVENTS:
         return
@@ -137,15 +149,15 @@ def _post_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None
 def skipped_step(optimizer: torch.optim.Optimizer) -> None:
     """A GradScaler step that found inf/NaN and skipped optimizer.step()."""
     counts = ddp.take_counts(_params(optimizer))
-    record.note("opt_step", record.where(2), step=getattr(optimizer, "_xray_steps", 0),
+    record.note("opt_step", record.where(2), step=record.tagged(optimizer, "steps", int) or 0,
                 opt=_optimizer_key(optimizer), skipped=True, **counts)
 
 
 def _optimizer_key(optimizer: torch.optim.Optimizer) -> str:
     """A name for the optimizer, the same on every rank that makes them in the same order."""
-    key = getattr(optimizer, "_xray_key", None)
+    key = record.tagged(optimizer, "key", str)
     if key is None:
         _made["optimizers"] += 1
         key = f"{type(optimizer).__name__}#{_made['optimizers']}"
-        optimizer._xray_key = key
+        record.tag(optimizer, "key", key)
     return key

@@ -11,20 +11,26 @@ import sys
 from typing import Any
 
 from course_lib.xray import record
+from course_lib.xray.probes.patching import Patch, apply
 
 _real_print = builtins.print
 MAX_TEXT = 200  # characters of a printed line kept for the evidence
 
 
+def patches() -> list[Patch]:
+    """print() and the logging module's stream handlers."""
+    return [Patch(builtins, "print", lambda real: _print),
+            Patch(logging.StreamHandler, "emit", _emit)]
+
+
 def install() -> None:
     """Record every print() and log record the learner's code writes to stdout or stderr."""
-    builtins.print = _print
-    logging.StreamHandler.emit = _emit(logging.StreamHandler.emit)
+    apply(patches())
 
 
 def _emit(real: Any) -> Any:
     @functools.wraps(real)
-    def emit(self: logging.StreamHandler, rec: logging.LogRecord) -> None:
+    def emit(self: logging.StreamHandler[Any], rec: logging.LogRecord) -> None:
         real(self, rec)
         with record.guard():
             if self.stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__) \
