@@ -58,7 +58,7 @@ def plot_curves(curves: dict[str, list[float]], title: str = "",
     from course_lib.plots import charts
     from course_lib.plots.style import new_figure
 
-    ax = new_figure(8.4, 3.8).subplots()
+    ax = new_figure(8.2, 3.8).subplots()
     fig = charts.lines(curves, ylabel=ylabel, title=title, xlabel="optimizer step", log=True,
                        ax=ax)
     ax.get_legend().remove()

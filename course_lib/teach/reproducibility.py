@@ -122,7 +122,9 @@ def seeding_explorer(checksums: Callable[..., list[str]],
 
     rows = dict(table)
     display(plot_checksums(rows))
-    boxes = {label: widgets.Checkbox(value=False, description=label) for label in SEED_SWITCHES}
+    fit = widgets.Layout(width="auto")  # each box as wide as its label: four fit in one row
+    boxes = {label: widgets.Checkbox(value=False, description=label, indent=False, layout=fit)
+             for label in SEED_SWITCHES}
     workers = widgets.Dropdown(options=[0, 2], value=2, description="workers")
     button = widgets.Button(description="run twice")
     out = widgets.Output()

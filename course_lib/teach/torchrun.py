@@ -166,7 +166,7 @@ def plot_jobs(jobs: Sequence[Job], title: str) -> object:
     from course_lib.plots.style import BLUE, GREEN, HIGHLIGHT, new_figure
 
     t0 = min(job.started for job in jobs)
-    fig = new_figure(9, 1.2 + 0.9 * len(jobs))
+    fig = new_figure(8.2, 1.2 + 0.9 * len(jobs))  # no wider than JupyterLab shows unshrunk
     ax = fig.subplots()
     for y, job in enumerate(jobs):
         code = job.process.returncode
