@@ -1,6 +1,9 @@
-"""Launch benchmark: a trivial cell and a real training cell, cold and warm, against
-torch.multiprocessing.spawn (and accelerate's notebook_launcher where it is installed), the
-memory it takes, the time from a fault to its error, and a leak check over 200 launches.
+"""Launch benchmark: a trivial cell and a real training cell, each launched as a person runs
+cells (a second after the last one ended) on ranks started ahead ("ready", launching/
+standby.py) and on ranks started by the launch ("fresh"), against torch.multiprocessing.spawn
+(and accelerate's notebook_launcher where it is installed); the first launch in a new
+process, the memory it takes, the time from a fault to its error, and a leak check over 200
+launches on ready ranks.
 
 Run:  .venv/bin/python benchmarks/launch.py          (about 5 minutes on 2 cores)
       .venv/bin/python benchmarks/launch.py --gpu    (the GPU rows alone; skipped without one)
@@ -26,82 +29,22 @@ from pathlib import Path
 import psutil
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as tmp
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
+from cells import (
+    free_port,
+    launch_seconds,
+    median_of,
+    median_p90,
+    one_all_reduce,
+    spawn_seconds,
+    train_cell,
+    train_cell_recorded,
+)
+from launch_gpu import gpu_table
 
-from course_lib import DistributedError, launch, telemetry
+from course_lib import DistributedError, launch
+from course_lib.launching import standby
 
 COLD_RUNS, WARM_RUNS, SPAWN_RUNS, STRESS_LAUNCHES = 3, 20, 3, 200
-
-
-def one_all_reduce() -> float:
-    """The trivial cell (it sets up its own group where the launcher has not)."""
-    own_group = not dist.is_initialized()
-    if own_group:
-        dist.init_process_group("gloo")
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    if own_group:
-        dist.destroy_process_group()
-    return t.item()
-
-
-def train_cell(record: bool = False) -> dict:
-    """A lesson's training cell. It sets up its own process group where the launcher has
-    not (mp.spawn, accelerate), as a torchrun script would."""
-    own_group = not dist.is_initialized()
-    if own_group:
-        dist.init_process_group("gloo")
-    model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    rec = telemetry.Recorder(enabled=record)
-    if record:
-        rec.watch_ddp(model)
-    for step in range(20):
-        with rec.step(step):
-            x, y = torch.randn(16, 8), torch.randn(16, 1)
-            opt.zero_grad()
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            rec.scalar("loss", loss)
-    uss = psutil.Process().memory_full_info().uss
-    if own_group:
-        del model, opt
-        dist.destroy_process_group()
-    return {"loss": loss.item(), "uss": uss}
-
-
-def train_cell_recorded() -> dict:
-    return train_cell(record=True)
-
-
-# -- other launchers, the same cell ---------------------------------------------------------
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn_entry(rank: int, world_size: int, port: int, fn: Callable, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    queue.put(fn())
-
-
-def spawn_seconds(fn: Callable, world_size: int) -> float:
-    """fn on world_size ranks with torch.multiprocessing.spawn (fresh interpreters)."""
-    queue = tmp.get_context("spawn").SimpleQueue()
-    start = time.perf_counter()
-    tmp.spawn(_spawn_entry, args=(world_size, _free_port(), fn, queue), nprocs=world_size)
-    results = [queue.get() for _ in range(world_size)]
-    took = time.perf_counter() - start
-    assert len(results) == world_size
-    return took
 
 
 def accelerate_seconds(fn: Callable, world_size: int) -> float | None:
@@ -112,23 +55,8 @@ def accelerate_seconds(fn: Callable, world_size: int) -> float | None:
         return None
     start = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
-        notebook_launcher(fn, num_processes=world_size, use_port=str(_free_port()))
+        notebook_launcher(fn, num_processes=world_size, use_port=str(free_port()))
     return time.perf_counter() - start
-
-
-def warm_seconds(fn: Callable, world_size: int, runs: int = WARM_RUNS) -> list[float]:
-    launch(fn, world_size, echo=False)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        launch(fn, world_size, echo=False)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _median(fn: Callable[[], float | None], runs: int) -> float | None:
-    values = [fn() for _ in range(runs)]
-    return None if None in values else statistics.median(values)
 
 
 def _s(value: float | None, digits: int = 2) -> str:
@@ -136,29 +64,30 @@ def _s(value: float | None, digits: int = 2) -> str:
 
 
 def trivial_table() -> list[str]:
-    rows = ["| ranks | warm launch median (p90) of 20 | mp.spawn median of 3 | speed-up |",
-            "|---|---|---|---|"]
+    rows = ["| ranks | ready ranks, median (p90) of 20 | fresh ranks | mp.spawn, median of 3 | "
+            "ready vs spawn |", "|---|---|---|---|---|"]
     for n in (2, 4):
-        warm = warm_seconds(one_all_reduce, n)
-        spawn = _median(lambda n=n: spawn_seconds(one_all_reduce, n), SPAWN_RUNS)
-        med, p90 = statistics.median(warm), statistics.quantiles(warm, n=10)[-1]
-        rows.append(f"| {n} | {med:.3f} s ({p90:.3f} s) | {spawn:.2f} s | {spawn / med:.0f}x |")
+        ready = launch_seconds(one_all_reduce, n, WARM_RUNS, ready=True)
+        fresh = launch_seconds(one_all_reduce, n, WARM_RUNS, ready=False)
+        spawn = median_of(lambda n=n: spawn_seconds(one_all_reduce, n), SPAWN_RUNS)
+        rows.append(f"| {n} | {median_p90(ready)} | {median_p90(fresh)} | {spawn:.2f} s | "
+                    f"{spawn / statistics.median(ready):.0f}x |")
     return rows
 
 
 def training_table() -> list[str]:
-    rows = ["| ranks | course_lib warm, median (p90) of 20 | with telemetry | mp.spawn | "
-            "accelerate notebook_launcher | vs spawn | vs accelerate |",
+    rows = ["| ranks | ready ranks, median (p90) of 20 | with telemetry | fresh ranks | "
+            "mp.spawn | accelerate notebook_launcher | ready vs spawn |",
             "|---|---|---|---|---|---|---|"]
     for n in (2, 4):
-        warm = warm_seconds(train_cell, n)
-        recorded = statistics.median(warm_seconds(train_cell_recorded, n))
-        spawn = _median(lambda n=n: spawn_seconds(train_cell, n), SPAWN_RUNS)
-        acc = _median(lambda n=n: accelerate_seconds(train_cell, n), SPAWN_RUNS)
-        med, p90 = statistics.median(warm), statistics.quantiles(warm, n=10)[-1]
-        vs_acc = "-" if acc is None else f"{acc / med:.0f}x"
-        rows.append(f"| {n} | {med:.3f} s ({p90:.3f} s) | {recorded:.3f} s | {spawn:.2f} s | "
-                    f"{_s(acc)} | {spawn / med:.0f}x | {vs_acc} |")
+        ready = launch_seconds(train_cell, n, WARM_RUNS, ready=True)
+        recorded = statistics.median(launch_seconds(train_cell_recorded, n, WARM_RUNS,
+                                                    ready=True))
+        fresh = launch_seconds(train_cell, n, WARM_RUNS, ready=False)
+        spawn = median_of(lambda n=n: spawn_seconds(train_cell, n), SPAWN_RUNS)
+        acc = median_of(lambda n=n: accelerate_seconds(train_cell, n), SPAWN_RUNS)
+        rows.append(f"| {n} | {median_p90(ready)} | {recorded:.3f} s | {median_p90(fresh)} | "
+                    f"{spawn:.2f} s | {_s(acc)} | {spawn / statistics.median(ready):.0f}x |")
     return rows
 
 
@@ -269,25 +198,33 @@ def _resources() -> dict[str, int]:
 
 
 def stress_table() -> list[str]:
-    launch(one_all_reduce, 2, echo=False)
+    """200 launches, each on the ranks the previous one left ready (standby.IDLE_S = 0), then
+    the ready set dropped: nothing may be left that was not there before."""
+    standby.discard()
+    launch(one_all_reduce, 2, echo=False, fresh=True)
     before = _resources()
+    idle, standby.IDLE_S = standby.IDLE_S, 0.0
+    used = 0
     start = time.perf_counter()
     for _ in range(STRESS_LAUNCHES):
+        waiting = standby._ready
         launch(one_all_reduce, 2, echo=False)
+        used += waiting is not None and standby._ready is not waiting
     took = time.perf_counter() - start
+    standby.IDLE_S = idle
+    standby.discard()
     time.sleep(0.5)
     after = _resources()
-    rows = [f"| after {STRESS_LAUNCHES} launches ({took:.1f} s) | before | after | leaked |",
-            "|---|---|---|---|"]
+    rows = [f"| after {STRESS_LAUNCHES} launches ({took:.1f} s; {used} on ready ranks) | "
+            "before | after | leaked |", "|---|---|---|---|"]
     rows += [f"| {k} | {before[k]} | {after[k]} | {after[k] - before[k]} |" for k in before]
     return rows
 
 
 def main() -> None:
+    os.environ["COURSE_READY_RANKS"] = "1"  # as in a notebook (the default outside IPython: off)
     print(f"# launch benchmark: torch {torch.__version__}, {os.cpu_count()} cores, "
-          f"Python {sys.version.split()[0]}\n")
-    from launch_gpu import gpu_table  # here: launch_gpu imports this module
-
+          f"Python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.1f}\n")
     tables = (trivial_table, training_table, gpu_table, cold_table, memory_table,
               fault_table, stress_table)
     for table in (gpu_table,) if "--gpu" in sys.argv[1:] else tables:

@@ -1,9 +1,11 @@
 """GPU rows of the launch benchmark (benchmarks/launch.py runs them; --gpu runs them alone).
 
-Where a warm 1-rank NCCL training cell's time goes: the fork and the rank's set-up, the CUDA
-context and the NCCL group (from the rank's "started" and "ready" stamps; the context is
-timed apart in a warm gloo rank), and the cell's own work; beside the same cell under
-torch.multiprocessing.spawn and the CPU training cell on gloo. Skipped without a GPU.
+A warm 1-rank NCCL training cell on ready ranks (started while the person reads, so their
+CUDA context and NCCL group are made before the cell), and on fresh ranks, split into the
+fork and the rank's set-up, the CUDA context and the NCCL group (from the rank's "started"
+and "ready" stamps; the context is timed apart in a warm gloo rank), and the cell's own
+work; beside the same cell under torch.multiprocessing.spawn and the CPU training cell on
+gloo. Skipped without a GPU.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from launch import _median, spawn_seconds, train_cell
+from cells import launch_seconds, median_of, spawn_seconds, train_cell
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib import launch
@@ -56,9 +58,10 @@ def cuda_context_seconds() -> float:
 
 
 def _phases(fn: Callable, backend: str) -> dict[str, float]:
-    """One warm 1-rank launch: the wall time and its parts from the kernel's message stamps."""
+    """One warm 1-rank launch on fresh ranks: the wall time and its parts from the rank's
+    stamps."""
     start_wall, start = time.time(), time.perf_counter()
-    run = launch(fn, 1, backend=backend, echo=False)
+    run = launch(fn, 1, backend=backend, echo=False, fresh=True)
     took = time.perf_counter() - start
     t = run.timings[0]
     return {"wall": took, "fork": t["started"] - start_wall,
@@ -74,7 +77,9 @@ def gpu_table() -> list[str]:
     context = statistics.median(launch(cuda_context_seconds, 1, backend="gloo", echo=False)
                                 .results[0] for _ in range(GPU_RUNS))
     gloo = statistics.median(_phases(train_cell, "gloo")["wall"] for _ in range(GPU_RUNS))
-    spawn = _median(lambda: spawn_seconds(gpu_train_cell, 1), 2)
+    spawn = median_of(lambda: spawn_seconds(gpu_train_cell, 1), 2)
+    ready = statistics.median(launch_seconds(gpu_train_cell, 1, GPU_RUNS, ready=True,
+                                             backend="nccl"))
 
     def med(key: str) -> float:
         return statistics.median(p[key] for p in nccl)
@@ -84,7 +89,8 @@ def gpu_table() -> list[str]:
         f"GPU: {torch.cuda.get_device_name(0)}; medians of {GPU_RUNS} warm launches "
         "(mp.spawn: of 2)",
         "", "| 1-rank cell | time |", "|---|---|",
-        f"| NCCL training cell, warm launch, wall | {med('wall'):.3f} s |",
+        f"| NCCL training cell on ready ranks (a second after the last cell) | {ready:.3f} s |",
+        f"| NCCL training cell on fresh ranks, wall | {med('wall'):.3f} s |",
         f"| - fork and rank set-up (launch to 'started') | {med('fork'):.3f} s |",
         f"| - 'started' to 'ready': CUDA context + NCCL group + barrier | {group:.3f} s |",
         f"| -- of which CUDA context (measured apart, in a warm gloo rank) | {context:.3f} s |",
@@ -97,4 +103,3 @@ def gpu_table() -> list[str]:
 
 # The ranks get these functions by value, as from a notebook cell: no import of this file.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-cloudpickle.register_pickle_by_value(sys.modules["launch"])

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from procs import alive
 
 from course_lib import DistributedError, launch
-from course_lib.launching import launcher
+from course_lib.launching import ranks
 from course_lib.launching.headline import headline_first
 from course_lib.launching.payload import UnpicklableError
 
@@ -178,7 +178,7 @@ def test_unpicklable_function_fails_before_any_worker_starts(monkeypatch):
     def no_start(*args, **kwargs):
         raise AssertionError("a worker was started")
 
-    monkeypatch.setattr(launcher, "start_worker", no_start)
+    monkeypatch.setattr(ranks, "start_worker", no_start)
     with pytest.raises(UnpicklableError) as info:
         launch(_uses_lock, 2, backend="gloo")
     message = str(info.value)
@@ -187,7 +187,7 @@ def test_unpicklable_function_fails_before_any_worker_starts(monkeypatch):
 
 
 def test_unpicklable_argument_is_named(monkeypatch):
-    monkeypatch.setattr(launcher, "start_worker", None)
+    monkeypatch.setattr(ranks, "start_worker", None)
     with pytest.raises(UnpicklableError, match="argument 1"):
         launch(lambda a, b: None, 2, args=(1, threading.Lock()), backend="gloo")
 

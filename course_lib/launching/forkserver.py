@@ -39,6 +39,7 @@ PRELOAD = [
     "course_lib.telemetry",
     "torch.distributed.optim",
     "torch.distributed.checkpoint",
+    "course_lib.launching.forkserver_exit",  # last: see its docstring
 ]
 WAIT_QUIETLY_S = 1.0  # the first launch says why it waits only when it waits longer
 
@@ -148,6 +149,7 @@ class Worker:
     messages: Connection
     stdout_fd: int
     stderr_fd: int
+    payload: Connection  # the function goes here once the rank says it is ready
     pending: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
     output: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
@@ -167,24 +169,26 @@ class Worker:
         return self.exitcode is None
 
 
-def start_worker(spec: WorkerSpec, payload: bytes, alive_r: Connection) -> Worker:
-    """Start one rank; the kernel keeps only the read ends of its pipes."""
+def start_worker(spec: WorkerSpec, alive_r: Connection) -> Worker:
+    """Start one rank, which sets up its process group and then waits for its function on
+    the payload pipe; the kernel keeps only its ends of the pipes."""
     ctx = forkserver_context()
     msg_r, msg_w = ctx.Pipe(duplex=False)
+    pay_r, pay_w = ctx.Pipe(duplex=False)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     out_conn, err_conn = Connection(out_w, readable=False), Connection(err_w, readable=False)
     process = _Process(
         target=run_worker,
-        args=(spec, payload, msg_w, out_conn, err_conn, alive_r),
+        args=(spec, msg_w, pay_r, out_conn, err_conn, alive_r),
         name=f"course_lib-rank{spec.rank}",
     )
     try:
         process.start()
     finally:
-        for conn in (msg_w, out_conn, err_conn):
+        for conn in (msg_w, pay_r, out_conn, err_conn):
             conn.close()
-    return Worker(spec, process, msg_r, out_r, err_r)
+    return Worker(spec, process, msg_r, out_r, err_r, pay_w)
 
 
 def kill(worker: Worker) -> None:

@@ -9,28 +9,18 @@ import os
 import selectors
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from multiprocessing.connection import Connection
 from typing import Any
 
-from course_lib import network
-from course_lib.launching import flight, net
-from course_lib.launching.forkserver import (
-    Worker,
-    dump_stacks,
-    kill,
-    reap,
-    start_worker,
-    wait_until_ready,
-)
+from course_lib.launching import flight, ranks, standby
+from course_lib.launching.forkserver import Worker, dump_stacks, kill, reap, wait_until_ready
 from course_lib.launching.headline import headline_first
 from course_lib.launching.outcome import outcome
 from course_lib.launching.payload import pack
-from course_lib.launching.rank_main import WorkerSpec
+from course_lib.launching.ranks import RankKey, RankSet
 from course_lib.launching.run import LogLine, Run
 from course_lib.launching.validate import check_launch_args, check_seconds, choose_backend
 
@@ -61,6 +51,7 @@ def launch(
     pg_timeout: float | None = None,
     echo: bool = True,
     desync_report: bool = DESYNC_REPORT_DEFAULT,
+    fresh: bool = False,
 ) -> Run:
     """Run fn(*args, **kwargs) on `world_size` ranks and return their results in a Run.
 
@@ -72,7 +63,9 @@ def launch(
     or less when `timeout` is shorter). `env` may set OMP_NUM_THREADS (default 1).
     `desync_report` reads every rank's collectives from PyTorch's flight recorder (on by
     default in torch 2.13), so that a failed launch's error shows them side by side, the
-    first difference marked.
+    first difference marked. Ranks started ahead for the same launch (standby.py) are used
+    when they match; `fresh=True` starts new ones and leaves none ready after it (for a
+    cell that times the ranks' set-up).
     """
     try:  # bad input: in a notebook, its message first, not the checks' frames
         args, kwargs, env = check_launch_args(fn, world_size, args, kwargs, timeout, env)
@@ -81,61 +74,55 @@ def launch(
         if pg_timeout is None:
             pg_timeout = max(1.0, min(PG_TIMEOUT_MAX_S, timeout - 1.0))
         check_seconds("pg_timeout", pg_timeout)
+        if not isinstance(fresh, bool):
+            raise TypeError(f"fresh must be True or False, not {fresh!r}")
     except (TypeError, ValueError) as bad:
         headline_first(bad)
         raise
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(network.free_port()), **env}
     if desync_report:
         env.setdefault("TORCH_FR_BUFFER_SIZE", flight.BUFFER_SIZE)
-    with tempfile.TemporaryDirectory(prefix="course_lib-") as tmp:
-        specs = [_spec(r, world_size, backend, pg_timeout, env, tmp) for r in range(world_size)]
-        return _Launch(specs, payload, timeout, echo).run()
-
-
-def _spec(rank: int, world_size: int, backend: str, pg_timeout: float,
-          env: dict[str, str], tmp: str) -> WorkerSpec:
-    torchrun_env = {
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0",
-        "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size),
-        "OMP_NUM_THREADS": "1", **net.loopback_env(), **env,
-    }
-    return WorkerSpec(
-        rank=rank, world_size=world_size, backend=backend, pg_timeout=pg_timeout,
-        threads=int(torchrun_env["OMP_NUM_THREADS"]), env=torchrun_env,
-        store_path=os.path.join(tmp, "store"), stack_path=os.path.join(tmp, f"stack{rank}"),
-        flight_path=os.path.join(tmp, f"flight{rank}") if env.get("TORCH_FR_BUFFER_SIZE") else "",
-        extras_path=os.path.join(tmp, f"extras{rank}"),
-    )
+    key = RankKey.of(world_size, backend, pg_timeout, env)
+    start = time.monotonic()
+    ready = None if fresh else standby.take(key)
+    if ready is None:
+        if fresh:
+            standby.discard()  # no idle ranks beside the ones this cell times
+        wait_until_ready(echo)  # the first launch after import may find it still starting
+        start = time.monotonic()
+    try:
+        return _Launch(ready or ranks.start(key), payload, timeout, echo, start).run()
+    except KeyboardInterrupt:
+        fresh = True  # an interrupted cell leaves no ranks behind it
+        raise
+    finally:
+        if not fresh:
+            standby.after_launch(key)
 
 
 class _Launch:
-    """One launch: start the ranks, relay their output, watch for failures and hangs."""
+    """One launch: give the ranks their function, relay their output, watch for failures
+    and hangs, then build the outcome and remove the ranks' folder."""
 
-    def __init__(self, specs: list[WorkerSpec], payload: bytes, timeout: float, echo: bool):
-        self.specs, self.payload, self.timeout, self.echo = specs, payload, timeout, echo
-        self.workers: list[Worker] = []
+    def __init__(self, rank_set: RankSet, payload: bytes, timeout: float, echo: bool,
+                 start: float):
+        self.ranks, self.payload, self.timeout, self.echo = rank_set, payload, timeout, echo
+        self.start = start
+        self.workers: list[Worker] = rank_set.workers
         self.logs: list[LogLine] = []
         self.timed_out = False
 
     def run(self) -> Run:
-        wait_until_ready(self.echo)  # the first launch after import may find it still starting
-        start = time.monotonic()
-        alive_r, alive_w = os.pipe()  # workers exit when this kernel's end closes
-        alive = Connection(alive_r, writable=False)
         try:
             try:
-                for spec in self.specs:
-                    self.workers.append(start_worker(spec, self.payload, alive))
+                self._supervise(self.start + self.timeout)
             finally:
-                alive.close()
-            self._supervise(start + self.timeout)
+                with _sigint_deferred():
+                    self._stop([w for w in self.workers if w.running], "stopped", stacks=False)
+                    ranks.close_pipes(self.ranks)
+            return outcome(self.workers, self.logs, time.monotonic() - self.start,
+                           self.timeout, self.timed_out)
         finally:
-            with _sigint_deferred():
-                self._stop([w for w in self.workers if w.running], "stopped", stacks=False)
-                self._close_pipes()
-                os.close(alive_w)
-        return outcome(self.workers, self.logs, time.monotonic() - start, self.timeout,
-                       self.timed_out)
+            self.ranks.folder.cleanup()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -182,13 +169,23 @@ class _Launch:
             kind, body = worker.messages.recv()
         except (EOFError, OSError):
             return False
-        worker.timings[kind] = time.time()
-        if kind == "result":
+        worker.timings[kind] = body if kind in ("started", "ready") else time.time()
+        if kind == "ready":
+            self._send_function(worker)
+        elif kind == "result":
             worker.result = body
         elif kind == "error":
             worker.error = body
             worker.event_time = time.monotonic()
         return True
+
+    def _send_function(self, worker: Worker) -> None:
+        """A rank that set up waits for its function: send it (a rank that died meanwhile
+        shows its exit)."""
+        try:
+            worker.payload.send_bytes(self.payload)
+        except OSError:
+            pass
 
     def _relay(self, worker: Worker, stream: str, text: str | None) -> None:
         """Split output into lines, echo each as "[rank N] ...", keep them in the run."""
@@ -217,17 +214,6 @@ class _Launch:
             kill(w)
         for w in workers:
             reap(w)
-
-    def _close_pipes(self) -> None:
-        for w in self.workers:
-            for fd in (w.stdout_fd, w.stderr_fd):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            w.messages.close()
-            if w.process.exitcode is not None:
-                w.process.close()
 
 
 def _failed(w: Worker) -> bool:

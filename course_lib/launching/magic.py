@@ -71,7 +71,7 @@ def capture_namespace(source: str, user_ns: dict[str, Any]) -> dict[str, Any]:
 
 @magics_class
 class DDPMagics(Magics):
-    """%%ddp [-n N] [--timeout S] [--backend B] [--env K=V ...] [--out NAME]"""
+    """%%ddp [-n N] [--timeout S] [--backend B] [--env K=V ...] [--out NAME] [--fresh]"""
 
     @magic_arguments()
     @argument("-n", "--nproc", type=int, default=2, help="number of ranks (default 2)")
@@ -80,6 +80,8 @@ class DDPMagics(Magics):
     @argument("--env", action="append", default=[], metavar="KEY=VALUE",
               help="environment variable for every rank (repeatable)")
     @argument("--out", default=None, help="keep the Run object in this notebook variable")
+    @argument("--fresh", action="store_true",
+              help="start new ranks even when ready ones wait (see launch's fresh)")
     @cell_magic
     def ddp(self, line: str, cell: str) -> Any:
         """Run this cell on every rank, with rank, world_size, local_rank and device defined.
@@ -94,7 +96,7 @@ class DDPMagics(Magics):
         user_ns = self.shell.user_ns if self.shell is not None else {}  # always a shell's
         namespace = capture_namespace(cell, user_ns)
         run = launch(run_cell_body, opts.nproc, args=(cell, filename, namespace),
-                     timeout=opts.timeout, backend=opts.backend, env=env)
+                     timeout=opts.timeout, backend=opts.backend, env=env, fresh=opts.fresh)
         if opts.out:
             user_ns[opts.out] = run
         _, last = _split_last_expression(cell)

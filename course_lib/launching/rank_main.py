@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -61,13 +62,15 @@ class ErrorReport(TypedDict, total=False):
 
 def run_worker(
     spec: WorkerSpec,
-    payload: bytes,
     messages: Connection,
+    payload_r: Connection,
     stdout_w: Connection,
     stderr_w: Connection,
     alive_r: Connection,
 ) -> None:
-    """Entry point of a worker process; never returns (ends with os._exit)."""
+    """Entry point of a worker process; never returns (ends with os._exit). It sets up as
+    torchrun's workers do, says "ready", then waits for its function on `payload_r`: a
+    launch sends it at once, or later when these ranks were started ahead (standby.py)."""
     gc.freeze()  # torch's objects from the forkserver: gc.collect() skips them (0.1 s -> ms)
     os.setpgrp()  # own process group: the kernel kills us with our DataLoader children
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the kernel handles interrupts
@@ -77,16 +80,16 @@ def run_worker(
     _exit_when_kernel_dies(alive_r, os.path.dirname(spec.store_path))
     stack_file = open(spec.stack_path, "w")  # noqa: SIM115 - must outlive this frame
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    os.environ.clear()  # the kernel's environment as it is now, plus torchrun's variables
     os.environ.update(spec.env)
     dist.set_debug_level_from_env()  # torch read TORCH_DISTRIBUTED_DEBUG at import time
     torch.set_num_threads(spec.threads)
-    _fresh_random_state()
     # A forkserver child inherits "forkserver" as its start method, so every DataLoader
     # with workers would start a forkserver of its own and import torch again (seconds per
     # epoch). Back to the platform's default, as in a process that torchrun starts.
     multiprocessing.set_start_method(None, force=True)
-    messages.send(("started", os.getpid()))
-    code = _run(spec, payload, messages)
+    messages.send(("started", time.time()))
+    code = _run(spec, payload_r, messages)
     if spec.flight_path:  # returned or raised: what it issued, for the desync report
         flight.dump(spec.flight_path)
     sys.stdout.flush()
@@ -98,12 +101,18 @@ def run_worker(
     os._exit(code)
 
 
-def _run(spec: WorkerSpec, payload: bytes, messages: Connection) -> int:
-    """Run the function; send ("result", bytes) or ("error", dict). Return the exit code."""
+def _run(spec: WorkerSpec, payload_r: Connection, messages: Connection) -> int:
+    """Set up the group, wait for the function, run it; send ("result", bytes) or ("error",
+    dict). Return the exit code."""
     try:
+        _warm_up(_init_process_group(spec))
+        messages.send(("ready", time.time()))
+        try:
+            payload = payload_r.recv_bytes()
+        except EOFError:  # the kernel dropped these ready ranks: nothing ran, nothing to say
+            os._exit(0)
+        _fresh_random_state()  # as at a process's start, whenever the function comes
         fn, args, kwargs = cloudpickle.loads(payload)
-        _init_process_group(spec)
-        messages.send(("ready", None))
         value = fn(*args, **kwargs)
     except SystemExit as exc:
         if exc.code in (None, 0):
@@ -152,7 +161,9 @@ def _send_error(messages: Connection, exc: BaseException, extras: bytes | None =
     traceback.clear_frames(exc.__traceback__)  # frames may hold DDP objects
 
 
-def _init_process_group(spec: WorkerSpec) -> None:
+def _init_process_group(spec: WorkerSpec) -> torch.device | None:
+    """The launch's process group on a FileStore, bound to the rank's GPU under NCCL (which
+    it returns; None on gloo)."""
     device = devices.bind(spec.backend, spec.rank)  # the GPU first, then the group bound to it
     store = dist.FileStore(spec.store_path, spec.world_size)
     own_init.install(store, spec.rank, spec.world_size, spec.pg_timeout)
@@ -168,6 +179,19 @@ def _init_process_group(spec: WorkerSpec) -> None:
     # finished it; were the fast rank to finish and exit, the peer's init would fail with
     # "Connection closed by peer". No rank starts the function before every rank connected.
     dist.barrier()
+    return device
+
+
+def _warm_up(device: torch.device | None) -> None:
+    """On a GPU, one small layer forward and backward before the function comes, so that
+    cuBLAS's handle and the first kernels are loaded while the ranks wait (not run on a
+    GPU yet). Nothing on the CPU: no collective either, so the desync report sees only
+    the learner's."""
+    if device is None or device.type != "cuda":
+        return
+    layer = torch.nn.Linear(8, 8, device=device)
+    layer(torch.ones(4, 8, device=device)).sum().backward()
+    torch.cuda.synchronize(device)
 
 
 def _fresh_random_state() -> None:

@@ -29,7 +29,8 @@ class Run:
     returned: the ranks that returned, whose values `results` holds.
     logs: every line every rank printed, in arrival order.
     timings: per rank, time.time() stamps "started" (process up), "ready" (process group
-    initialised) and "result" (its return value received; "error" instead when it raised).
+    initialised: before the launch began for ranks started ahead, launching/standby.py),
+    and "result" (its return value received; "error" instead when it raised).
     extras: per rank, data sent back by collectors such as course_lib.telemetry.
     """
 
