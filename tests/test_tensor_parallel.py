@@ -110,7 +110,7 @@ def test_pictures_draw_what_the_ranks_measured():
     fig = views.plot_shards([r["shards"] for r in results], "shards")
     assert [ax.get_title().split("\n")[0] for ax in fig.axes] == ["0.weight", "2.weight"]
     fig = views.plot_collectives({"paired": results[0]["seen"]}, "collectives")
-    assert "1 forward + 1 backward" in fig.axes[0].get_title()
+    assert "1 in forward, 1 in backward" in fig.axes[0].get_title()
     fig = views.plot_outputs([r["out"] for r in results], results[0]["out"], "outputs")
     assert "largest difference 0" in fig.axes[0].get_title()
     fig = views.plot_per_rank({"a": [1.0, 2.0]}, 1.0, ylabel="loss", title="t")

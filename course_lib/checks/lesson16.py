@@ -26,7 +26,6 @@ from course_lib.words import listing
 WORLD_SIZES = (2, 4)
 DIM, HIDDEN, VOCAB, BATCH, SEED = 16, 64, 64, 32, 0
 BLOCKS = 2
-HANG_AFTER_S = 10  # a plan's collectives pair up or fail at once; a hang is a bug
 
 # PyTorch's own messages (torch 2.13), each with what it means for a plan.
 KNOWN = [
@@ -148,8 +147,7 @@ def check_parallelize(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     collective per block in the forward, the blocks and the head sharded, sharded logits."""
     truth = one_process()
     passed: list[int] = []
-    runs = at_world_sizes(_step_on_rank, fn, WORLD_SIZES, timeout=timeout, known=KNOWN,
-                          hang_after=HANG_AFTER_S)
+    runs = at_world_sizes(_step_on_rank, fn, WORLD_SIZES, timeout=timeout, known=KNOWN)
     for n in WORLD_SIZES:
         try:
             _, results = next(runs)

@@ -4,6 +4,7 @@ the one-process value, and which samples each rank of a 2-D mesh read."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,30 +72,38 @@ def plot_shards(shards: Sequence[Mapping[str, Mapping[str, Any]]], title: str) -
     return fig
 
 
+PASSES = ("forward", "backward")
+
+
 def plot_collectives(runs: Mapping[str, Collectives], title: str) -> Figure:
-    """One panel per plan: per layer, the collectives of the forward (solid) and the
-    backward (hatched), each bar labelled with what it was."""
-    fig = new_figure(5.2 * len(runs), 0.5 + 0.55 * max(len(c.layers()) for c in runs.values()))
-    axes = np.atleast_1d(fig.subplots(1, len(runs), sharex=True))
+    """One panel per plan: per layer (in the model's order), the collectives of the forward
+    (plain) and of the backward (hatched), each bar labelled with the collective's name."""
+    rows = max(len(c.layers()) for c in runs.values())
+    fig = new_figure(min(8.2, 4.0 * len(runs)), 1.2 + 0.5 * rows)
+    axes = np.atleast_1d(fig.subplots(1, len(runs), sharex=True, sharey=True))
     for ax, (plan, seen) in zip(axes, runs.items()):
         layers = seen.layers()
-        names = list(layers)  # in the order they ran
-        for y, name in enumerate(names):
+        for y, name in enumerate(layers):
             left = 0
-            for k, part in enumerate(("forward", "backward")):
+            for k, part in enumerate(PASSES):
                 for op, n in layers[name].get(part, {}).items():
-                    bar = ax.barh(y, n, left=left, height=0.6, **{**bar_style(k), "color":
-                                  RANK_COLORS[k]})
-                    ax.bar_label(bar, [f"{n} {op}, {part}"], label_type="center",
-                                 fontsize="x-small")
+                    bar = ax.barh(y, n, left=left, height=0.6, **_bar(k))
+                    ax.bar_label(bar, [op], label_type="center", fontsize="small")
                     left += n
-        ax.set_yticks(range(len(names)), names, fontsize="small")
-        ax.invert_yaxis()
+        ax.set_yticks(range(len(layers)), list(layers), fontsize="small")
         fwd, bwd = seen.total(("forward",)), seen.total(("backward",))
-        ax.set_title(f"{plan}: {fwd} forward + {bwd} backward", fontsize="small")
-        ax.set_xlabel("collectives per step")
+        ax.set_title(f"{plan}:\n{fwd} in forward, {bwd} in backward", fontsize="small")
+        ax.set_xlabel("collectives per step", fontsize="small")
+    axes[0].invert_yaxis()
+    legend = [_patch(_bar(k), part) for k, part in enumerate(PASSES)]
+    fig.legend(handles=legend, fontsize="small", loc="outside lower center", ncols=2)
     fig.suptitle(title, fontsize="medium")
     return fig
+
+
+def _bar(k: int) -> dict[str, Any]:
+    """The look of pass k's bars: the forward plain, the backward hatched."""
+    return {**bar_style(k), "color": RANK_COLORS[k]}
 
 
 def plot_per_rank(runs: Mapping[str, Sequence[float]], reference: float, *, ylabel: str,
@@ -106,7 +115,7 @@ def plot_per_rank(runs: Mapping[str, Sequence[float]], reference: float, *, ylab
     if problem not in ("off the line", "at the line"):
         raise ValueError(f'problem={problem!r}: "off the line" or "at the line"')
     ranks = max(len(v) for v in runs.values())
-    fig = new_figure(2.6 + 0.9 * sum(len(v) for v in runs.values()), 3.0)
+    fig = new_figure(min(8.2, 2.6 + 0.9 * sum(len(v) for v in runs.values())), 3.6)
     ax = fig.subplots()
     x, ticks = 0.0, []
     for values in runs.values():
@@ -121,7 +130,7 @@ def plot_per_rank(runs: Mapping[str, Sequence[float]], reference: float, *, ylab
         ticks.append((start + x - 1) / 2)
         x += 0.8
     ax.axhline(reference, color=BLACK, linestyle="--", linewidth=1)
-    ax.set_xticks(ticks, list(runs), fontsize="small")
+    ax.set_xticks(ticks, [textwrap.fill(run, 24) for run in runs], fontsize="small")
     low = min(min(v) for v in runs.values())
     ax.set_ylim(min(0.0, low), max(max(max(v) for v in runs.values()), reference) * 1.25)
     ax.set_ylabel(ylabel)
@@ -130,7 +139,8 @@ def plot_per_rank(runs: Mapping[str, Sequence[float]], reference: float, *, ylab
                          label=f"{reference_label}: {fmt.format(reference)}"))
     legend.append(Patch(facecolor="white", edgecolor=HIGHLIGHT, linewidth=2.5,
                         label="the problem"))
-    fig.legend(handles=legend, fontsize="x-small", loc="outside right upper")
+    fig.legend(handles=legend, fontsize="x-small", loc="outside lower center",
+               ncols=min(len(legend), 4))
     fig.suptitle(title, fontsize="medium")
     return fig
 
@@ -140,7 +150,7 @@ def plot_mesh_samples(runs: Mapping[str, Sequence[Mapping[str, Any]]], shape: tu
     """One grid per run, a cell per rank laid out as the mesh (rows: data-parallel rank,
     columns: tensor-parallel rank): the samples it read and its seed. Tensor-parallel peers
     that read different samples or seeds are outlined in red."""
-    fig = new_figure(4.2 * len(runs), 1.1 + 1.1 * shape[0])
+    fig = new_figure(min(8.2, 4.0 * len(runs)), 1.1 + 1.1 * shape[0])
     axes = np.atleast_1d(fig.subplots(1, len(runs)))
     for ax, (run, ranks) in zip(axes, runs.items()):
         for rank, result in enumerate(ranks):
