@@ -33,6 +33,7 @@ NOTEBOOKS = {
     "12": "12_reproducibility.ipynb", "13": "13_memory_and_sharding.ipynb",
     "14": "14_torchrun.ipynb", "15": "15_case_files.ipynb",
     "16": "16_tensor_parallel.ipynb",
+    "17": "17_pipeline_parallel.ipynb",
 }
 
 
@@ -75,6 +76,7 @@ def _registry(*rows: Pitfall) -> dict[str, Pitfall]:
 # started from, in its order; S1-S5 sharp edges; B1-B3 disasters that end a job;
 # X1... found while writing the course.
 # TP1-TP9 tensor parallelism (lesson 16);
+# PP1-PP9 pipeline parallelism (lesson 17);
 # (id, lessons, kind, title, symptom)
 PITFALLS: dict[str, Pitfall] = _registry(
     _row("P01", "01", "slow",
@@ -191,6 +193,36 @@ PITFALLS: dict[str, Pitfall] = _registry(
     _row("TP9", "16", "crash",
          "clip_grad_norm_ over DTensor and plain parameters together",
          '"got mixed torch.Tensor and DTensor" from clip_grad_norm_'),
+    # Pipeline parallelism (lesson 17)
+    _row("PP1", "17", "slow",
+         "fewer micro-batches than pipeline stages: most of every stage's time is the bubble",
+         "with the model split over more ranks, each rank sits idle most of the step"),
+    _row("PP2", "17", "slow",
+         "GPipe keeps every micro-batch's activations until its backward: memory grows with m",
+         "raising the number of micro-batches runs the first pipeline stage out of memory"),
+    _row("PP3", "17", "hang",
+         "a hand-written 1F1B pipeline with blocking sends: two neighbours both send",
+         "a hand-written pipeline hangs at its first backward, both ranks in send"),
+    _row("PP4", "17", "crash",
+         "the loss exists only on the last pipeline stage: logging it on rank 0",
+         '"stack expects a non-empty TensorList" when rank 0 logs the loss, or no loss logged'),
+    _row("PP5", "17", "wrong",
+         "micro-batch losses summed, not averaged (scale_grads=False with a mean loss), or "
+         "divided twice",
+         "a pipelined model trains as if its learning rate were m times larger (or smaller)"),
+    _row("PP6", "17", "wrong",
+         "BatchNorm in a pipeline stage normalises each micro-batch, not the batch",
+         "a BatchNorm model trains differently once pipelined, on the same batches"),
+    _row("PP7", "17", "wrong",
+         "tied weights on the first and last stage: each copy gets only its own gradient",
+         "the tied embedding and output layer drift apart under pipelining"),
+    _row("PP8", "17", "crash",
+         "a short last batch: the stages' buffers keep the first step's micro-batch shape",
+         '"The size of tensor a (8) must match the size of tensor b (7)" at an epoch\'s end'),
+    _row("PP9", "17", "wrong",
+         "PipelineStage's shape inference runs each stage once more (on torch.empty past "
+         "stage 0): BatchNorm's running statistics are corrupted",
+         "a pipelined BatchNorm model evaluates badly from the first step"),
 )
 
 # Ids that name the same pitfall as another: cells declare the other one.
@@ -198,14 +230,14 @@ SAME_AS = {"S4": "P04"}
 if not set(SAME_AS) | set(SAME_AS.values()) <= set(PITFALLS):
     raise ValueError(f"SAME_AS names an id without a row: {SAME_AS}")
 
-_ID = re.compile(r"^(P(0[1-9]|1[0-9]|20)|S[1-5]|B[1-3]|X[1-9][0-9]*|TP[1-9])$")
+_ID = re.compile(r"^(P(0[1-9]|1[0-9]|20)|S[1-5]|B[1-3]|X[1-9][0-9]*|TP[1-9]|PP[1-9])$")
 
 
 def id_problem(pid: object) -> str | None:
     """Why `pid` is not a pitfall id cells may name, or None when it is one."""
     if not isinstance(pid, str) or not _ID.match(pid):
         return (f"pitfall id {pid!r} is not of the form P01-P20, S1-S5, B1-B3, X<number>"
-                ", TP1-TP9")
+                ", TP1-TP9, PP1-PP9")
     if pid not in PITFALLS:
         return (f"pitfall id {pid!r} is not in the registry (course_lib/pitfalls.py); "
                 "add it there with its title and lesson first")
