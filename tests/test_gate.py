@@ -1,6 +1,7 @@
 """The pitfall gate: metadata is checked, broken cells must show their symptom, fixed
 cells must not, and the command fails when a broken cell is harmless or raises the wrong error."""
 
+import os
 import subprocess
 import sys
 
@@ -126,6 +127,29 @@ def test_an_error_in_an_untagged_cell_is_a_problem():
     report = check_executed("nb", notebook(new_code_cell("x", outputs=[error()],
                                                          execution_count=1)))
     assert not report.ok and "unexpected ZeroDivisionError" in report.problems[0]
+
+
+LAUNCHER = os.path.join("site-packages", "course_lib", "launching", "launcher.py")
+
+
+@pytest.mark.parametrize("traceback, problem", [
+    (["\x1b[31mDistributedError\x1b[0m: rank 1 failed", "", "Raised from your code:",
+      "  Cell In[3], line 1"], False),  # headline first (launching/headline.py)
+    (["-" * 40, "DistributedError    Traceback (most recent call last)",
+      f"File {LAUNCHER}:80, in launch", "DistributedError: rank 1 failed"], True),
+    (["-" * 40, "RuntimeError    Traceback (most recent call last)",
+      "File torch/distributed/distributed_c10d.py:2, in all_reduce"], False),  # torch's own
+])
+def test_an_error_raised_through_the_course_reads_from_its_headline(traceback, problem):
+    err = new_output("error", ename="DistributedError", evalue="rank 1 failed\nmore",
+                     traceback=traceback)
+    cell = new_code_cell("launch(f, 2)", metadata={"tags": RAISES}, outputs=[err],
+                         execution_count=1)
+    problems = check_executed("nb", notebook(cell)).problems
+    assert [p for p in problems if "not with its headline" in p] == (
+        [f"cell 1: its DistributedError opens with {'-' * 40!r}, not with its headline: "
+         "raise it through course_lib.launching.headline.headline_first"]
+        if problem else [])
 
 
 def exercise_cell(part, outputs, tags=RAISES):

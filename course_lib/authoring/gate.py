@@ -2,7 +2,8 @@
 
 Every broken or demo cell must show its declared symptom and every fixed cell must not (an
 observation must be present: its absence proves nothing). Errors are allowed only in
-cells tagged raises-exception, as nbmake allows them. Exercise stubs may fail only with
+cells tagged raises-exception, as nbmake allows them, and one raised through the course's
+code must read from its headline, not from our frames. Exercise stubs may fail only with
 NotImplementedError, and every solution's check must pass.
 """
 
@@ -23,6 +24,7 @@ from course_lib.authoring.outputs import (
     error_output,
     executed,
     first_line,
+    not_read_from_the_top,
     observations,
 )
 from course_lib.protocol import ERROR, RAISES, tags
@@ -69,6 +71,19 @@ def unexpected_errors(nb: Any) -> list[str]:
     return found
 
 
+def errors_not_read_from_the_top(nb: Any) -> list[str]:
+    """Errors raised through the course's code but shown with its frames first: a learner
+    would scroll through our machinery before reading what went wrong."""
+    found = []
+    for number, cell in enumerate(nb.cells, start=1):
+        err = error_output(cell)
+        why = not_read_from_the_top(err) if err is not None else ""
+        if why:
+            found.append(f"cell {number}: {why}: raise it through "
+                         "course_lib.launching.headline.headline_first")
+    return found
+
+
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
@@ -89,13 +104,15 @@ def output_widgets_written(nb: Any) -> list[str]:
 
 
 def check_executed(path: str, nb: Any, problems: list[str] | None = None) -> NotebookReport:
-    """Judge an executed notebook: metadata, unexpected errors, Output widgets written while
-    it ran, pitfall and exercise cells."""
+    """Judge an executed notebook: metadata, unexpected errors, errors not shown headline
+    first, Output widgets written while it ran, pitfall and exercise cells."""
     cells, meta_problems = read_cells(nb)
     verdicts = [judge(c, nb.cells[c.number - 1]) for c in cells] + judge_exercise_cells(nb)
     verdicts.sort(key=lambda v: v.number)
     return NotebookReport(path, verdicts, [*(problems or []), *meta_problems,
-                                           *unexpected_errors(nb), *output_widgets_written(nb)])
+                                           *unexpected_errors(nb),
+                                           *errors_not_read_from_the_top(nb),
+                                           *output_widgets_written(nb)])
 
 
 def execute(path: Path, timeout: int) -> tuple[Any, list[str]]:

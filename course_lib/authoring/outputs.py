@@ -1,12 +1,17 @@
-"""Reading executed cells: their error, observations and check results, and the Verdict
-row the gate prints for each judged cell."""
+"""Reading executed cells: their error (and whether it reads from the top), observations and
+check results, and the Verdict row the gate prints for each judged cell."""
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from course_lib.protocol import CHECK_MIME, OBSERVATION_MIME
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # IPython colours its tracebacks
+COURSE_FRAME = "course_lib" + os.sep  # a traceback line in the course's own code
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,20 @@ def describe_error(err: Any | None) -> str:
     if err is None:
         return "no error"
     return f"{err.get('ename')}: {first_line(str(err.get('evalue', '')))}"
+
+
+def not_read_from_the_top(err: Any) -> str:
+    """Why an error output does not open with its headline, "ename: first line of evalue"
+    ("" when it does, or when it shows none of the course's frames: an error of torch's or of
+    the learner's own code, which IPython shows as usual). An error the course raises through
+    its own code is shown headline first (course_lib/launching/headline.py), so that a learner
+    reads what went wrong before any traceback."""
+    lines = ANSI.sub("", "\n".join(err.get("traceback", []))).splitlines()
+    evalue = str(err.get("evalue", ""))
+    headline = f"{err.get('ename')}: {evalue.splitlines()[0] if evalue else ''}".rstrip()
+    if (lines and lines[0].rstrip() == headline) or not any(COURSE_FRAME in ln for ln in lines):
+        return ""
+    return f"its {err.get('ename')} opens with {first_line(lines[0])!r}, not with its headline"
 
 
 def _displayed(cell: Any, mime: str) -> list[dict]:
