@@ -166,7 +166,7 @@ PITFALLS: dict[str, Pitfall] = _registry(
          'GradScaler: "unscale_() has already been called" or "No inf checks were recorded"'),
     # Tensor parallelism (lesson 16)
     _row("TP1", "16", "wrong",
-         "a hand-written row-parallel layer without its all-reduce: each rank holds a partial sum",
+         "a hand-written row-parallel layer without its all-reduce: each rank keeps a partial sum",
          "each rank's output of a layer split by hand is plausible, and wrong"),
     _row("TP2", "16", "slow",
          "every layer column-parallel and gathered: two all-gathers per MLP block, not one "
