@@ -16,8 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, on_ranks, run_check
-from course_lib.checks.result import CheckResult
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, check, on_ranks
 
 WORLD_SIZES = (2, 4)
 BASE_SEED = 1234
@@ -112,31 +111,30 @@ def reference_seed_rank(base_seed: int) -> None:
     torch.use_deterministic_algorithms(True)
 
 
-def check_seed_rank(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_seed_rank(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(base_seed), called first on every rank, must make the job bitwise reproducible:
     torch, Python's random and NumPy seeded with base_seed + rank, deterministic algorithms."""
-    def judge() -> str:
-        checksums = []
-        for n in WORLD_SIZES:
-            runs = [on_ranks(_job, fn, n, (BASE_SEED, 2), timeout) for _ in range(2)]
-            _judge_runs(runs, n, "with 2 DataLoader workers per rank")
-            if n == WORLD_SIZES[0]:
-                main = [on_ranks(_job, fn, n, (BASE_SEED, 0), timeout) for _ in range(2)]
-                _judge_runs(main, n, "with num_workers=0 (augmentation in the rank itself)")
-            _judge_seeds(runs[0], n)
-            want = on_ranks(_job, reference_seed_rank, n, (BASE_SEED, 2), timeout)
-            if runs[0][0]["weights"] != want[0]["weights"]:
-                raise Rejected(f"on {n} ranks your run is reproducible, but its weights "
-                               f"({runs[0][0]['weights']}) are not those of the recipe "
-                               f"({want[0]['weights']}): something draws random numbers "
-                               "after seeding, or seeds once more. Only seed, and turn on "
-                               "deterministic algorithms.")
-            checksums.append(f"{n} ranks: {runs[0][0]['weights']}")
-        return (f"two runs each on {WORLD_SIZES[0]} and {WORLD_SIZES[1]} ranks (DataLoader "
-                "workers, dropout, augmentation with torch, random and NumPy, 2 threads) "
-                f"gave identical weights ({'; '.join(checksums)}), equal to the recipe's, "
-                "with a different random stream on every rank.")
-    return run_check("check_seed_rank", fn, judge)
+    checksums = []
+    for n in WORLD_SIZES:
+        runs = [on_ranks(_job, fn, n, (BASE_SEED, 2), timeout) for _ in range(2)]
+        _judge_runs(runs, n, "with 2 DataLoader workers per rank")
+        if n == WORLD_SIZES[0]:
+            main = [on_ranks(_job, fn, n, (BASE_SEED, 0), timeout) for _ in range(2)]
+            _judge_runs(main, n, "with num_workers=0 (augmentation in the rank itself)")
+        _judge_seeds(runs[0], n)
+        want = on_ranks(_job, reference_seed_rank, n, (BASE_SEED, 2), timeout)
+        if runs[0][0]["weights"] != want[0]["weights"]:
+            raise Rejected(f"on {n} ranks your run is reproducible, but its weights "
+                           f"({runs[0][0]['weights']}) are not those of the recipe "
+                           f"({want[0]['weights']}): something draws random numbers "
+                           "after seeding, or seeds once more. Only seed, and turn on "
+                           "deterministic algorithms.")
+        checksums.append(f"{n} ranks: {runs[0][0]['weights']}")
+    return (f"two runs each on {WORLD_SIZES[0]} and {WORLD_SIZES[1]} ranks (DataLoader "
+            "workers, dropout, augmentation with torch, random and NumPy, 2 threads) "
+            f"gave identical weights ({'; '.join(checksums)}), equal to the recipe's, "
+            "with a different random stream on every rank.")
 
 
 def _judge_runs(runs: list[list[dict[str, Any]]], n: int, how: str) -> None:

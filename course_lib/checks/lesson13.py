@@ -18,14 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 
-from course_lib.checks.common import (
-    CHECK_TIMEOUT,
-    Rejected,
-    at_world_sizes,
-    differing,
-    run_check,
-)
-from course_lib.checks.result import CheckResult
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, differing
 from course_lib.teach.memory import Meter, MiB, model_states
 
 SEED = 13
@@ -259,18 +252,17 @@ def _judge_memory(n: int, ranks: list[dict[str, Any]]) -> None:
     raise Rejected(f"{held}: shard more of it, or gather smaller units")
 
 
-def check_shard_to_fit(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_shard_to_fit(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """Train fn's wrapping at 2 and 3 ranks (lr 1e-3, then 3e-3): the weights must match
     one-process Adam at that lr and every
     rank's parameters, gradients, optimizer state and gathered parameters must fit budget(N)."""
-    def judge() -> str:
-        seen = []
-        for n, ranks in at_world_sizes(_train_on_rank, fn, WORLD_SIZES,
-                                       args=lambda n: (LRS[n],), timeout=timeout):
-            _judge_weights(fn.__name__, n, LRS[n], ranks[0])
-            _judge_memory(n, ranks)
-            peak = max(r["peak"] for r in ranks)
-            seen.append(f"{n} ranks: {_mib(peak)} of {_mib(budget(n))}")
-        return ("fits, with the same weights as one-process Adam; largest rank: "
-                + "; ".join(seen))
-    return run_check("check_shard_to_fit", fn, judge)
+    seen = []
+    for n, ranks in at_world_sizes(_train_on_rank, fn, WORLD_SIZES,
+                                   args=lambda n: (LRS[n],), timeout=timeout):
+        _judge_weights(fn.__name__, n, LRS[n], ranks[0])
+        _judge_memory(n, ranks)
+        peak = max(r["peak"] for r in ranks)
+        seen.append(f"{n} ranks: {_mib(peak)} of {_mib(budget(n))}")
+    return ("fits, with the same weights as one-process Adam; largest rank: "
+            + "; ".join(seen))

@@ -24,16 +24,15 @@ from course_lib.checks.common import (
     CHECK_TIMEOUT,
     RecordingSGD,
     Rejected,
+    check,
     differing,
-    listing,
     on_ranks,
-    run_check,
     state_snapshot,
 )
-from course_lib.checks.result import CheckResult
 from course_lib.teach.case_files import as_node, split_by_node
 from course_lib.teach.cases.colleague import BATCH, K, colleague_train
 from course_lib.telemetry import Recorder
+from course_lib.words import listing
 
 SEED = 15
 LR = 0.05
@@ -191,31 +190,30 @@ def findings(run: dict[str, Any]) -> dict[str, str]:
 
 # -- the check ----------------------------------------------------------------------------------
 
+@check
 def check_fixed_train(fn: Callable, pitfalls_found: Callable | None = None,
-                      timeout: float = CHECK_TIMEOUT) -> CheckResult:
+                      timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model, optimizer, dataset, checkpoint_path), the colleague's function fixed: each
     rank reads its own share, one all-reduce per optimizer step, the weights of one process
     on the global batches, and a checkpoint a plain model loads. With `pitfalls_found`
     (a function returning the ids you found), also compares them with what the colleague's
     function shows when it runs."""
-    def judge() -> str:
-        named = ""
-        if pitfalls_found is not None:
-            named = _judge_names(pitfalls_found, timeout) + " "
-        for n in WORLD_SIZES:
-            run = run_script(fn, n, timeout)
-            found = xray_of(fn, n, timeout)
-            try:
-                _judge_fix(run)
-            except Rejected as rejected:
-                raise Rejected(f"{rejected}\n  On this run {xray_summary(found)}") from None
-            if found:
-                raise Rejected(f"on {n} ranks {xray_summary(found)}")
-        return (f"{named}On {listing(WORLD_SIZES)} ranks, {STEPS} optimizer steps of {K} "
-                f"micro-batches: every sample read once, one all-reduce per optimizer step, "
-                "the weights of one process on the same global batches, a checkpoint "
-                "that a plain model loads, and the x-ray found no pitfall.")
-    return run_check("check_fixed_train", fn, judge)
+    named = ""
+    if pitfalls_found is not None:
+        named = _judge_names(pitfalls_found, timeout) + " "
+    for n in WORLD_SIZES:
+        run = run_script(fn, n, timeout)
+        found = xray_of(fn, n, timeout)
+        try:
+            _judge_fix(run)
+        except Rejected as rejected:
+            raise Rejected(f"{rejected}\n  On this run {xray_summary(found)}") from None
+        if found:
+            raise Rejected(f"on {n} ranks {xray_summary(found)}")
+    return (f"{named}On {listing(WORLD_SIZES)} ranks, {STEPS} optimizer steps of {K} "
+            f"micro-batches: every sample read once, one all-reduce per optimizer step, "
+            "the weights of one process on the same global batches, a checkpoint "
+            "that a plain model loads, and the x-ray found no pitfall.")
 
 
 def _named(pitfalls_found: Callable) -> set[str]:

@@ -17,15 +17,16 @@ import torch
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
     Failure,
+    NotWritten,
     Rejected,
+    check,
     explain,
-    listing,
     on_ranks,
-    run_check,
+    stopped_at_stub,
 )
 from course_lib.checks.lesson11.training_job import EVERY, MISSING, TOTAL, job, references
-from course_lib.checks.result import CheckResult
 from course_lib.launching import DistributedError, launch
+from course_lib.words import listing
 
 WORLD_SIZES = (2, 3)
 IN_SAVE = 2  # at this world size the kill lands in the middle of a save (torch.save)
@@ -38,34 +39,33 @@ IN_SAVE = 2  # at this world size the kill lands in the middle of a save (torch.
 TOLERANCE = 1e-6
 
 
-def check_resume(checkpointer_class: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_resume(checkpointer_class: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """Checkpointer(folder) must give save(step, ddp_model, optimizer, scheduler) and
     load(ddp_model, optimizer, scheduler) -> step to continue from (0 when the folder holds
     no checkpoint), such that a job killed at a random step (at 2 ranks: in the middle of a
     save) and relaunched ends with the weights of an uninterrupted run (up to float
     rounding), on every rank. Also judged: a load right after save() returned finds that
     save on every rank; no two ranks write the same file; the weights carry no "module."."""
-    def judge() -> str:
-        rng = random.Random()  # a private generator: the kernel's random state is left alone
-        done = []
-        for n in WORLD_SIZES:
-            in_save = n == IN_SAVE
-            kill_at = (rng.choice(range(2 * EVERY, TOTAL, EVERY)) if in_save
-                       else rng.choice([s for s in range(EVERY + 1, TOTAL - 1) if s % EVERY]))
-            how = (f"killed in the middle of step {kill_at}'s save" if in_save
-                   else f"killed after step {kill_at}")
-            try:
-                _judge_size(checkpointer_class, n, kill_at, in_save, timeout)
-            except Rejected as wrong:
-                where = f"right on {listing(done)} ranks; " if done else ""
-                # a probe's hint is about the first save, not about the kill
-                context = "" if isinstance(wrong, _FirstSave) else f", {how}"
-                raise Rejected(f"{where}on {n} ranks{context}: {wrong}", wrong.failure) from None
-            done.append(f"{n} ({how})")
-        return (f"on {listing(done)} ranks, the relaunched job resumed from its last complete "
-                f"checkpoint and ended with the uninterrupted run's weights on every rank "
-                f"(to within {TOLERANCE:g}); a load right after each save found it.")
-    return run_check("check_resume", checkpointer_class, judge)
+    rng = random.Random()  # a private generator: the kernel's random state is left alone
+    done = []
+    for n in WORLD_SIZES:
+        in_save = n == IN_SAVE
+        kill_at = (rng.choice(range(2 * EVERY, TOTAL, EVERY)) if in_save
+                   else rng.choice([s for s in range(EVERY + 1, TOTAL - 1) if s % EVERY]))
+        how = (f"killed in the middle of step {kill_at}'s save" if in_save
+               else f"killed after step {kill_at}")
+        try:
+            _judge_size(checkpointer_class, n, kill_at, in_save, timeout)
+        except Rejected as wrong:
+            where = f"right on {listing(done)} ranks; " if done else ""
+            # a probe's hint is about the first save, not about the kill
+            context = "" if isinstance(wrong, _FirstSave) else f", {how}"
+            raise Rejected(f"{where}on {n} ranks{context}: {wrong}", wrong.failure) from None
+        done.append(f"{n} ({how})")
+    return (f"on {listing(done)} ranks, the relaunched job resumed from its last complete "
+            f"checkpoint and ended with the uninterrupted run's weights on every rank "
+            f"(to within {TOLERANCE:g}); a load right after each save found it.")
 
 
 def _judge_size(checkpointer_class: Callable, n: int, kill_at: int, in_save: bool,
@@ -102,10 +102,8 @@ def _first_launch(checkpointer_class: Callable, n: int, folder: str, plan: tuple
         launch(job, n, args=(checkpointer_class, folder, *plan), timeout=timeout,
                backend="gloo", echo=False)
     except DistributedError as err:
-        if any(f.error_type == "NotImplementedError" for f in err.failures):
-            raise NotImplementedError(
-                f"{checkpointer_class.__name__}() is not written yet: replace its TODO with your "
-                "code, run that cell, then run this check again.") from None
+        if stopped_at_stub(err):
+            raise NotWritten(checkpointer_class) from None
         killed = [f for f in err.failures if f.error_type == "SIGKILL"]
         if killed and all(f.error_type == "SIGKILL" or f.is_consequence for f in err.failures):
             return  # the kill, as planned (a peer may fail first in its last collective)

@@ -23,14 +23,15 @@ import torch
 from course_lib import devices
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
+    NotWritten,
     Rejected,
+    check,
     differing,
+    is_stub,
     on_ranks,
-    run_check,
 )
 from course_lib.checks.lesson14.entry import GPUS, MARK
 from course_lib.checks.lesson14.training import RAISE, one_process, train
-from course_lib.checks.result import CheckResult
 from course_lib.launching.payload import dumps
 from course_lib.teach.torchrun import (
     TORCHRUN,
@@ -74,33 +75,31 @@ def _notebook_train(fn: Callable, out_dir: str) -> dict[str, torch.Tensor]:
     return fn(out_dir)
 
 
+@check
 def check_main(fn: Callable, timeout: float = CHECK_TIMEOUT,
-               torchrun_timeout: float = TORCHRUN_TIMEOUT) -> CheckResult:
+               torchrun_timeout: float = TORCHRUN_TIMEOUT) -> str:
     """Run `fn` as a script's main() under torchrun, as one node of 3 workers and as two nodes
     of 1; pass when its final weights equal the notebook launch's and the one-process
     result, and when it leaves the process group after train() returned and after it raised."""
 
-    def judge() -> str:
-        want = one_process()
-        gaps = []
-        with tempfile.TemporaryDirectory(prefix="check14-") as work:
-            pickled = Path(work) / "main.pkl"
-            pickled.write_bytes(dumps(fn))
-            for how, n in RUNS:
-                notebook = Path(work) / f"notebook-{n}"
-                notebook.mkdir()
-                launched = on_ranks(_notebook_train, train, n, (str(notebook),), timeout)[0]
-                got = _under_torchrun(fn, pickled, Path(work) / f"torchrun-{n}", how, n,
-                                      torchrun_timeout)
-                _compare(got, launched, want, how, n)
-                gaps.append(max((got[k] - launched[k]).abs().max().item() for k in got))
-            _when_train_raises(fn, pickled, Path(work) / "raises", torchrun_timeout)
-        return (f"under torchrun as one node of 3 workers and as two nodes of 1, your script's "
-                f"final weights equal the notebook launch's (largest difference "
-                f"{max(gaps):.1e}) and the one-process result, and it leaves the process "
-                "group after train() returned and after train() raised")
-
-    return run_check("check_main", fn, judge)
+    want = one_process()
+    gaps = []
+    with tempfile.TemporaryDirectory(prefix="check14-") as work:
+        pickled = Path(work) / "main.pkl"
+        pickled.write_bytes(dumps(fn))
+        for how, n in RUNS:
+            notebook = Path(work) / f"notebook-{n}"
+            notebook.mkdir()
+            launched = on_ranks(_notebook_train, train, n, (str(notebook),), timeout)[0]
+            got = _under_torchrun(fn, pickled, Path(work) / f"torchrun-{n}", how, n,
+                                  torchrun_timeout)
+            _compare(got, launched, want, how, n)
+            gaps.append(max((got[k] - launched[k]).abs().max().item() for k in got))
+        _when_train_raises(fn, pickled, Path(work) / "raises", torchrun_timeout)
+    return (f"under torchrun as one node of 3 workers and as two nodes of 1, your script's "
+            f"final weights equal the notebook launch's (largest difference "
+            f"{max(gaps):.1e}) and the one-process result, and it leaves the process "
+            "group after train() returned and after train() raised")
 
 
 def _commands(pickled: Path, out: Path, how: str, n: int) -> list[tuple[str, str]]:
@@ -126,10 +125,8 @@ def _under_torchrun(fn: Callable, pickled: Path, out: Path, how: str, n: int,
         wait(*jobs, timeout=limit, echo=False, stop_on_failure=True)
     except TorchrunFailed as failed:
         text = "\n".join(job.output for job in jobs) + "\n" + str(failed)
-        if "NotImplementedError" in text:
-            raise NotImplementedError(
-                f"{name}() is not written yet: replace its TODO with your code, run that "
-                "cell, then run this check again.") from None
+        if is_stub(text):
+            raise NotWritten(fn) from None
         raise Rejected(_hint(text, name, where)) from None
     final = out / "final.pt"
     if not final.exists():
