@@ -186,12 +186,12 @@ def _rename_hint(found: list[dict[str, Any]], folder: str) -> str | None:
             if into and not os.path.realpath(source).startswith(inside + os.sep):
                 where = os.path.dirname(source)
                 return (f"save() renamed {source} (in {where}, outside the checkpoint folder) "
-                        f"onto {os.path.basename(target)}. os.replace is atomic only within one "
-                        "file system, and on a cluster the temporary folder (tempfile's "
+                        f"onto {os.path.basename(target)}. os.replace is atomic only on the "
+                        "same file system, and on a cluster the temporary folder (tempfile's "
                         "default, /tmp or $TMPDIR) is usually another one than the "
                         "checkpoint folder (NFS, Lustre): there the rename fails with "
                         "OSError: [Errno 18] Invalid cross-device link. Create the temporary "
-                        "file in the checkpoint's own folder (tempfile.mkstemp(dir=folder), "
+                        "file in the same folder as the checkpoint (tempfile.mkstemp(dir=folder), "
                         "or path + '.tmp').")
     return None
 

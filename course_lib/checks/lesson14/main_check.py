@@ -183,9 +183,9 @@ def _hint_of_mark(mark: str, name: str) -> str | None:
         seen = dict(re.findall(r"([\w]+)=(\S+)", rest))
         asked = (f"asked for cuda:{seen['set_device']}, which does not exist"
                  if "set_device" in seen else "chose the NCCL backend")
-        return (f"on a node of {seen['LOCAL_WORLD_SIZE']} processes where "
-                f"torch.cuda.device_count() is {seen['gpus']} (the check's stand-in for a "
-                f"1-GPU machine), your {name}() {asked}: on a real one, ranks 1 and up fail with "
+        return (f"where torch.cuda.device_count() is {seen['gpus']} for the node's "
+                f"{seen['LOCAL_WORLD_SIZE']} processes (the check's stand-in for a 1-GPU "
+                f"machine), your {name}() {asked}: on a real one, ranks 1 and up fail with "
                 "'CUDA error: invalid device ordinal'. torch.cuda.is_available() only says that "
                 "there is a GPU; choose 'nccl' only when int(os.environ['LOCAL_WORLD_SIZE']) "
                 "<= torch.cuda.device_count(), else 'gloo'")
