@@ -112,8 +112,8 @@ def _own_processes(e: Spawn) -> str:
 
 def _nothing_launched(run: RunEvents, e: Spawn) -> str:
     counted = [q for _, q in run.of(GpuQuery) if q["t"] < e["t"] and "device_count" in q["call"]]
-    came = (f", and nprocs came from {counted[-1]['call']}, which is {counted[-1]['result']} "
-            f"on this machine (at {counted[-1]['where']})" if counted else "")
+    came = (f"; {counted[-1]['call']} returned {counted[-1]['result']} on this machine just "
+            f"before (at {counted[-1]['where']})" if counted else "")
     return (f"Nothing was launched: mp.spawn({e['fn']}, nprocs=0) at {e['where']} started no "
             f"process, so no rank trained{came}. {DIRECTLY}")
 
@@ -164,8 +164,8 @@ def _cannot_run(f: RankFailure) -> str:
 
 def _no_world(run: RunEvents, e: InitProcessGroup) -> str:
     counted = [q for _, q in run.of(GpuQuery) if "device_count" in q["call"]]
-    came = (f": it came from {counted[-1]['call']}, which is {counted[-1]['result']} on this "
-            f"machine ({counted[-1]['where']})" if counted else "")
+    came = (f"; {counted[-1]['call']} returned {counted[-1]['result']} on this machine just "
+            f"before (at {counted[-1]['where']})" if counted else "")
     return (f"Cannot run here: init_process_group(world_size=0) at {e['where']} asks for a "
             f"job of no process{came}. Take the world size from the launcher: "
             f"int(os.environ['WORLD_SIZE']), as torchrun (and the x-ray) sets it.")

@@ -1,7 +1,7 @@
 # expect: cannot judge
 # args: 2 1
 # first line: Nothing was launched: mp.spawn(main, nprocs=0) at {script}:54 started no process, so
-#   no rank trained, and nprocs came from torch.cuda.device_count(), which is 0 on this machine (at
+#   no rank trained; torch.cuda.device_count() returned 0 on this machine just before (at
 #   {script}:53)
 """pytorch/examples ddp-tutorial-series/multigpu.py, shortened: mp.spawn starts one process
 per GPU, so on a CPU machine (device_count() == 0) it starts none and nothing trains."""

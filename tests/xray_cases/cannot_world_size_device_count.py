@@ -1,6 +1,6 @@
 # expect: cannot judge
 # first line: Cannot run here: init_process_group(world_size=0) at {script}:19 asks for a job of no
-#   process: it came from torch.cuda.device_count(), which is 0 on this machine ({script}:18)
+#   process; torch.cuda.device_count() returned 0 on this machine just before (at {script}:18)
 """A torchrun script that counts the GPUs for its world size ("one process per GPU"): on a
 CPU machine that is 0."""
 

@@ -38,7 +38,7 @@ def run_all(run: RunEvents, error_text: str = "", title: str = "X-ray",
     checked: list[Checked] = []
     not_checked: list[Unjudged] = []
     for v in verdicts:
-        if v.id in hidden:
+        if v.id in hidden and isinstance(v, Finding):
             not_checked.append(Unjudged(v.id, f"its symptom is explained by {hidden[v.id]}'s "
                                               "finding above"))
         elif isinstance(v, Finding):
