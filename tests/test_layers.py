@@ -149,7 +149,7 @@ MAY_IMPORT = {
     "authoring": {"protocol", "pitfalls"},
     "network": set(), "export": set(),
     "doctor": {"launching", "network"},
-    "xray": {"collectors", "launching", "pitfalls", "words"},
+    "xray": {"collectors", "launching", "pitfalls", "words", "devices"},
     "pitfalls": set(),
     "__main__": set(),
 }

@@ -151,13 +151,15 @@ def _needs_gpu(f: RankFailure, nccl: list[InitProcessGroup]) -> bool:
 def _cannot_run(f: RankFailure) -> str:
     import torch
 
+    from course_lib import devices
+
     frame = _learner_frame(f)
     call = f"{frame.where} `{frame.source}`" if frame and frame.source else \
         (frame.where if frame else "a line of the script")
     if torch.version.cuda is None:
         machine = f"this torch ({torch.__version__}) is built without CUDA"
     else:
-        machine = f"this machine has {torch.cuda.device_count()} GPU(s) that CUDA can see"
+        machine = f"this machine has {devices.visible_gpus()} GPU(s) that CUDA can see"
     return (f"Cannot run here: {call} needs a GPU, and {machine} (rank {f.rank}: "
             f"{f.error_type or 'error'}: {_short(f.message)}). {ON_CPU}")
 
