@@ -280,3 +280,24 @@ def test_report_text_json_and_exit_status() -> None:
     assert str(report).splitlines()[0] == "Cannot run here: ..." and report.exit_status == 3
     report.findings = [finding("P03", "e")]
     assert report.exit_status == 1
+
+
+def test_a_traceback_s_frames_are_read_from_a_script_and_from_a_notebook_cell() -> None:
+    """cause() names the learner's line from a failed rank's traceback text, as Python
+    writes it for a script and as the launcher names a notebook cell's frames."""
+    from course_lib.xray.cause import frames
+
+    text = ('Traceback (most recent call last):\n'
+            '  File "/tmp/x/train.py", line 14, in ddp_setup\n'
+            '    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))\n'
+            '  Cell In[4], line 5, in train\n'
+            '    model.cuda()\n'
+            '  File "/venv/site-packages/torch/cuda/__init__.py", line 689, in set_device\n'
+            "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'\n")
+    found = frames(text)
+    assert [(f.file, f.line, f.function, f.source) for f in found] == [
+        ("/tmp/x/train.py", 14, "ddp_setup",
+         'torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))'),
+        ("Cell In[4]", 5, "train", "model.cuda()"),
+        ("/venv/site-packages/torch/cuda/__init__.py", 689, "set_device", "")]
+    assert found[1].where == "Cell In[4], line 5"

@@ -119,14 +119,15 @@ def _nothing_launched(run: RunEvents, e: Spawn) -> str:
 
 
 def frames(traceback: str) -> list[Frame]:
-    """The frames of a traceback's text, outermost first."""
-    lines = traceback.splitlines()
+    """The frames of a traceback's text, outermost first (a frame's source is the indented
+    line under it, "" when there is none)."""
+    lines = [*traceback.splitlines(), ""]
     found = []
-    for i, text in enumerate(lines):
+    for i, text in enumerate(lines[:-1]):
         m = _FRAME.match(text)
         if m:
-            source = lines[i + 1].strip() if i + 1 < len(lines) and not _FRAME.match(
-                lines[i + 1]) else ""
+            below = lines[i + 1]
+            source = below.strip() if below[:1].isspace() and not _FRAME.match(below) else ""
             found.append(Frame(m["file"] or m["cell"], int(m["line"] or m["cell_line"]),
                                m["fn"], source))
     return found
