@@ -20,8 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, close, run_check
-from course_lib.checks.result import CheckResult
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check, close, is_stub
 from course_lib.teach.profiling import covered
 from course_lib.telemetry import merge_traces
 
@@ -99,24 +98,23 @@ def _summed(intervals: list[tuple[float, float]]) -> float:
 
 # -- in the kernel: judge -----------------------------------------------------------------------
 
-def check_all_reduce_waits(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_all_reduce_waits(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(events) must return {rank: {"all_reduce": seconds, "waiting": seconds}}."""
-    def judge() -> str:
-        judged = []
-        with tempfile.TemporaryDirectory(prefix="check06-") as tmp:
-            sizes = at_world_sizes(_profile_runs, fn, tuple(RUNS), timeout=timeout,
-                                   args=lambda n: (RUNS[n], f"{tmp}/{n}"))
-            for n, _ in sizes:
-                for i, slow in enumerate(RUNS[n]):
-                    merged = merge_traces(sorted(Path(tmp, str(n), str(i)).glob("rank*.json")),
-                                          Path(tmp, f"merged-{n}-{i}.json"))
-                    hint = _hint(fn, merged)
-                    if hint:
-                        raise Rejected(f"{_run_name(n, slow)}: {hint}")
-                    judged.append(_run_name(n, slow))
-        return (f"{'; '.join(judged)}: every rank's all-reduce and waiting seconds match the "
-                "truth.")
-    return run_check("check_all_reduce_waits", fn, judge)
+    judged = []
+    with tempfile.TemporaryDirectory(prefix="check06-") as tmp:
+        sizes = at_world_sizes(_profile_runs, fn, tuple(RUNS), timeout=timeout,
+                               args=lambda n: (RUNS[n], f"{tmp}/{n}"))
+        for n, _ in sizes:
+            for i, slow in enumerate(RUNS[n]):
+                merged = merge_traces(sorted(Path(tmp, str(n), str(i)).glob("rank*.json")),
+                                      Path(tmp, f"merged-{n}-{i}.json"))
+                hint = _hint(fn, merged)
+                if hint:
+                    raise Rejected(f"{_run_name(n, slow)}: {hint}")
+                judged.append(_run_name(n, slow))
+    return (f"{'; '.join(judged)}: every rank's all-reduce and waiting seconds match the "
+            "truth.")
 
 
 def _run_name(n: int, slow: int | None) -> str:
@@ -134,11 +132,9 @@ def _call(fn: Callable, events: list[dict]) -> Any:
     name = getattr(fn, "__name__", "your function")
     try:
         return fn(events)
-    except NotImplementedError:
-        raise NotImplementedError(
-            f"{name}() is not written yet: replace its TODO with your code, run that cell, "
-            "then run this check again.") from None
-    except Exception as error:  # noqa: BLE001 - the learner's error becomes the hint
+    except Exception as error:
+        if is_stub(error):
+            raise  # @check says it is not written yet
         raise Rejected(f"{name}(events) raised {type(error).__name__}: {error}") from None
 
 

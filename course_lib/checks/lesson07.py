@@ -18,16 +18,15 @@ from course_lib.checks.common import (
     RecordingSGD,
     Rejected,
     at_world_sizes,
+    check,
     close,
     differing,
     flat_grad,
-    listing,
-    run_check,
     same,
     state_snapshot,
 )
-from course_lib.checks.result import CheckResult
 from course_lib.telemetry import Recorder
+from course_lib.words import listing
 
 SEED = 7
 LR = 0.1
@@ -167,18 +166,17 @@ def reference(world_size: int, sizes: tuple[int, ...]) -> dict[str, Any]:
 
 # -- the check ----------------------------------------------------------------------------------
 
-def check_train_step(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_train_step(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model, optimizer, micro_batches) must make one optimizer step of gradient
     accumulation with one all-reduce, and the weights of one process on the global batch."""
-    def judge() -> str:
-        for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES,
-                                         lambda n: (CASES[n],), timeout):
-            _judge(results, n, CASES[n], reference(n, CASES[n]))
-        cases = "; ".join(f"{n} ranks, micro-batches of {', '.join(map(str, s))}"
-                          for n, s in CASES.items())
-        return (f"{STEPS} optimizer steps ({cases}): one all-reduce per step, and every "
-                "rank's gradients and weights equal one process's on the global batch.")
-    return run_check("check_train_step", fn, judge)
+    for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES,
+                                     lambda n: (CASES[n],), timeout):
+        _judge(results, n, CASES[n], reference(n, CASES[n]))
+    cases = "; ".join(f"{n} ranks, micro-batches of {', '.join(map(str, s))}"
+                      for n, s in CASES.items())
+    return (f"{STEPS} optimizer steps ({cases}): one all-reduce per step, and every "
+            "rank's gradients and weights equal one process's on the global batch.")
 
 
 def _judge(results: list[dict[str, Any]], n: int, sizes: tuple[int, ...],

@@ -17,8 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, run_check
-from course_lib.checks.result import CheckResult
+from course_lib.checks.common import CHECK_TIMEOUT, Rejected, at_world_sizes, check
 from course_lib.teach.scaling_model import Link
 from course_lib.teach.simulated_link import simulated_link
 
@@ -161,12 +160,11 @@ def _near(a: float, b: float) -> bool:
     return abs(a - b) <= 1e-6 + 1e-3 * abs(b)
 
 
-def check_predict_step_time(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_predict_step_time(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(compute_s, n_params, world_size, link) must give the seconds of one DDP step (one
     bucket, fp32 gradients) on the simulated `link`, asked on real ranks at 2 and 3 ranks
     and judged against the link's own formula."""
-    def judge() -> str:
-        got = {n: results[0] for n, results in
-               at_world_sizes(_measure_on_rank, fn, WORLD_SIZES, (LINK,), timeout)}
-        return _judge(got, LINK)
-    return run_check("check_predict_step_time", fn, judge)
+    got = {n: results[0] for n, results in
+           at_world_sizes(_measure_on_rank, fn, WORLD_SIZES, (LINK,), timeout)}
+    return _judge(got, LINK)

@@ -19,13 +19,12 @@ from course_lib.checks.common import (
     RecordingSGD,
     Rejected,
     at_world_sizes,
+    check,
     flat_grad,
-    listing,
-    run_check,
     state_snapshot,
 )
-from course_lib.checks.result import CheckResult
 from course_lib.telemetry import Recorder
+from course_lib.words import listing
 
 SEED = 9
 STEPS = 2
@@ -184,18 +183,17 @@ KNOWN = [("No inf checks were recorded prior to update",
           "no_sync() needs its backward before the next forward.")]
 
 
-def check_amp_step(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_amp_step(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model, optimizer, scaler, micro_batches, max_norm) must make one optimizer step of
     fp16 AMP with accumulation: non-zero gradients equal to the fp32 gradient (clipped) within
     TOLERANCE, the scaler calls in order, one all-reduce."""
-    def judge() -> str:
-        for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES,
-                                         lambda n: (max_norm_for(n),), timeout, known=KNOWN):
-            _judge(results, n, max_norm_for(n))
-        return (f"{STEPS} optimizer steps of {K} micro-batches on {listing(WORLD_SIZES)} ranks: "
-                f"scaler calls in order ({ORDER}), one all-reduce per step, and non-zero "
-                f"gradients within {TOLERANCE:g} (relative) of the fp32 gradient, clipped.")
-    return run_check("check_amp_step", fn, judge)
+    for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES,
+                                     lambda n: (max_norm_for(n),), timeout, known=KNOWN):
+        _judge(results, n, max_norm_for(n))
+    return (f"{STEPS} optimizer steps of {K} micro-batches on {listing(WORLD_SIZES)} ranks: "
+            f"scaler calls in order ({ORDER}), one all-reduce per step, and non-zero "
+            f"gradients within {TOLERANCE:g} (relative) of the fp32 gradient, clipped.")
 
 
 def _judge(results: list[dict[str, Any]], n: int, max_norm: float) -> None:

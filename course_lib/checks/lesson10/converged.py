@@ -17,20 +17,19 @@ from course_lib.checks.common import (
     CHECK_TIMEOUT,
     Rejected,
     at_world_sizes,
+    check,
     differing,
-    listing,
-    run_check,
     state_snapshot,
 )
 from course_lib.checks.lesson10.parting import time_limit_note, where_parted
-from course_lib.checks.result import CheckResult
+from course_lib.words import listing
 
 WORLD_SIZES = (2, 3)
 SEED = 10
 STEPS, BATCH, LR = 30, 32, 0.1
 TARGET = 0.3  # the mean loss over ranks falls below it (step 12 on 2 ranks, 11 on 3)
 NOISE = 0.7  # the last rank's labels are noisy: its own loss stays near NOISE**2 = 0.49
-PG_TIMEOUT = 4.0  # a hang ends in seconds, not in gloo's default 30 minutes
+HANG_AFTER_S = 4.0  # a hang ends in seconds, not in gloo's default 30 minutes
 TRUE_W = (1.0, -2.0, 0.5, 3.0)
 
 
@@ -95,22 +94,21 @@ def simulate(world_size: int, stop: Callable[[torch.Tensor], bool] = _mean,
 
 # -- the check -------------------------------------------------------------------------------
 
-def check_train_until_converged(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_train_until_converged(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model, batches, target) must train the DDP model on this rank's batches and stop,
     on every rank at the same step, before the first step whose loss averaged over all ranks
     is below target; it returns the number of optimizer steps taken."""
-    def judge() -> str:
-        try:
-            for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
-                                             pg_timeout=min(PG_TIMEOUT, timeout - 1)):
-                _judge(n, results)
-        except Rejected as rejected:
-            hint = _hang_hint(rejected)
-            raise (Rejected(hint, rejected.failure) if hint else rejected) from None
-        return (f"on {listing(WORLD_SIZES)} ranks every rank stopped at the step where the "
-                "loss averaged over all ranks first fell below the target, with one "
-                "process's weights: no hang, and the same decision everywhere.")
-    return run_check("check_train_until_converged", fn, judge)
+    try:
+        for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
+                                         hang_after=HANG_AFTER_S):
+            _judge(n, results)
+    except Rejected as rejected:
+        hint = _hang_hint(rejected)
+        raise (Rejected(hint, rejected.failure) if hint else rejected) from None
+    return (f"on {listing(WORLD_SIZES)} ranks every rank stopped at the step where the "
+            "loss averaged over all ranks first fell below the target, with one "
+            "process's weights: no hang, and the same decision everywhere.")
 
 
 def _hang_hint(rejected: Rejected) -> str | None:

@@ -19,19 +19,18 @@ from course_lib.checks.common import (
     CHECK_TIMEOUT,
     Rejected,
     at_world_sizes,
+    check,
     differing,
     explain,
-    listing,
-    run_check,
     state_snapshot,
 )
 from course_lib.checks.lesson10.parting import time_limit_note, where_parted
-from course_lib.checks.result import CheckResult
+from course_lib.words import listing, ranks
 
 WORLD_SIZES = (2, 3)
 SEED = 1010
 STEPS, BATCH, LR = 10, 16, 0.1
-PG_TIMEOUT = 4.0  # a hang ends in seconds, not in gloo's default 30 minutes
+HANG_AFTER_S = 4.0  # a hang ends in seconds, not in gloo's default 30 minutes
 TRUE_W = (1.0, -2.0, 0.5, 3.0)
 
 
@@ -91,22 +90,21 @@ def simulate(world_size: int, stop_at_first_bad: bool = False,
 
 # -- the check -------------------------------------------------------------------------------
 
-def check_skip_bad_batches(fn: Callable, timeout: float = CHECK_TIMEOUT) -> CheckResult:
+@check
+def check_skip_bad_batches(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model, batches) must train the DDP model on this rank's batches, skipping on every
     rank each batch where some rank's loss is not finite, and return the optimizer steps
     taken. It runs at 2 and 3 ranks, with the corrupt batch on different ranks and steps."""
-    def judge() -> str:
-        try:
-            for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
-                                             pg_timeout=min(PG_TIMEOUT, timeout - 1)):
-                _judge(n, results)
-        except Rejected as rejected:
-            hint = _failure_hint(rejected)
-            raise (Rejected(hint, rejected.failure) if hint else rejected) from None
-        return (f"on {listing(WORLD_SIZES)} ranks every rank skipped the batches where some "
-                "rank's loss was NaN, and only those, with one process's weights: no hang "
-                "and no NaN in the model.")
-    return run_check("check_skip_bad_batches", fn, judge)
+    try:
+        for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
+                                         hang_after=HANG_AFTER_S):
+            _judge(n, results)
+    except Rejected as rejected:
+        hint = _failure_hint(rejected)
+        raise (Rejected(hint, rejected.failure) if hint else rejected) from None
+    return (f"on {listing(WORLD_SIZES)} ranks every rank skipped the batches where some "
+            "rank's loss was NaN, and only those, with one process's weights: no hang "
+            "and no NaN in the model.")
 
 
 def _judge(n: int, results: list) -> None:
@@ -174,9 +172,9 @@ def _failure_hint(rejected: Rejected) -> str | None:
     waited = sorted(r for r, c in counts.items() if c == most)
     if fewer and fewer == sorted({r for r, _ in bad_batches(n)}):
         said = ", ".join(f"rank {r} issued {counts[r]}" for r in sorted(counts))
-        return (f"on {n} ranks {_ranks(fewer)} skipped alone: the NaN was on "
+        return (f"on {n} ranks {ranks(fewer)} skipped alone: the NaN was on "
                 f"{_where_bad(n)}, and only there was the backward skipped. Counted, the "
-                f"gradient all-reduces (from backward) differ: {said}; so {_ranks(waited)} "
+                f"gradient all-reduces (from backward) differ: {said}; so {ranks(waited)} "
                 "waited in all_reduce for a partner that never came, until the timeout. "
                 "Decide together: share whether this rank's loss is finite with a "
                 "collective, and skip on every rank when any rank's is not."
@@ -187,8 +185,3 @@ def _failure_hint(rejected: Rejected) -> str | None:
                 "same order, on every batch: share the decision with a collective that every "
                 "rank calls, then branch." + time_limit_note(failure))
     return explain(failure) if failure.timed_out else None
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + listing(ranks)
-
