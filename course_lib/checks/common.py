@@ -17,7 +17,6 @@ from course_lib.launching import DistributedError, launch
 from course_lib.launching.headline import headline_first
 from course_lib.launching.launcher import PG_TIMEOUT_MAX_S
 from course_lib.protocol import STUB_MARKER
-from course_lib.words import listing as listing  # re-exported: lessons 06-15 import it here
 
 # Seconds one launch of a check may run before its ranks are stopped and the learner gets a
 # hint (a hang never leaves a stuck kernel). Measured on 2 cores shared with other jobs (load
@@ -123,8 +122,7 @@ def stopped_at_stub(err: DistributedError) -> bool:
 
 def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
              timeout: float = CHECK_TIMEOUT, *, hang_after: float = HANG_AFTER_S,
-             known: Sequence[tuple[str, str]] = (),
-             pg_timeout: float | None = None) -> list[Any]:
+             known: Sequence[tuple[str, str]] = ()) -> list[Any]:
     """Results of runner(fn, *args) on each of `world_size` fresh CPU (gloo) ranks, in rank
     order, on any machine: the exercises are CPU exercises.
 
@@ -134,13 +132,10 @@ def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
     catches it and branches on `failure`'s fields. A rank waiting in a collective fails after
     min(hang_after, timeout / 2) s. `known` pairs a fragment of *PyTorch's* error text (e.g.
     DDP's "Expected to have finished reduction") with the hint it deserves; never match the
-    wording of our own messages, branch on fields instead. (`pg_timeout` is the old name of
-    the collective timeout, kept until lesson 10's checks pass hang_after.)"""
-    if pg_timeout is None:
-        pg_timeout = min(hang_after, timeout / 2)
+    wording of our own messages, branch on fields instead."""
     try:
         run = launch(runner, world_size, args=(fn, *args), timeout=timeout, backend="gloo",
-                     pg_timeout=pg_timeout, echo=False)
+                     pg_timeout=min(hang_after, timeout / 2), echo=False)
     except DistributedError as err:
         if stopped_at_stub(err):
             raise NotWritten(fn) from None
@@ -214,13 +209,6 @@ def check(judge: Callable[Concatenate[Any, P], str],
     checked.__signature__ = inspect.signature(judge).replace(  # type: ignore[attr-defined]
         return_annotation=CheckResult.__name__)
     return checked
-
-
-def run_check(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
-    """Show and return the result of judge() (the checks not yet written with @check)."""
-    result = _verdict(check, fn, judge)
-    result.show()
-    return result
 
 
 def _verdict(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
