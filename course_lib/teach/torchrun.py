@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_lib import devices
+from course_lib.launching.headline import headline_first
 from course_lib.network import free_port, free_ports  # noqa: F401 - lesson 14 imports them here
 
 # torchrun as this kernel's Python runs it: the course's virtual environment, whatever PATH says.
@@ -143,7 +144,7 @@ def _raise_on_failure(jobs: Sequence[Job], timeout: float) -> None:
             problems.append(f"{job.label}: exit code {code} after {job.seconds:.1f} s\n"
                             + "\n".join(f"    {line}" for line in error_lines(job.lines)))
     if problems:
-        raise TorchrunFailed("\n".join(problems))
+        raise headline_first(TorchrunFailed("\n".join(problems)))  # a notebook shows it first
 
 
 def error_lines(lines: Sequence[str], most: int = 4) -> list[str]:
