@@ -326,6 +326,37 @@ def test_a_check_is_named_after_its_judge_and_shows_its_result(capsys):
         f"✘ NOT YET  check_double: {refused.message}"]
 
 
+@common.check
+def check_runs_on_ranks(fn, timeout: float = 30.0) -> str:
+    """Runs on 2 ranks?"""
+    common.on_ranks(_call, fn, 2, timeout=timeout)
+    return "it ran"
+
+
+def test_each_check_reports_one_verdict_and_outside_a_hub_nothing_leaves(monkeypatch, capsys):
+    """The workshop board's hook (course_lib/board/client.py): one report per check run, with
+    (module, check, passed, kind); the shared paths' kinds are "pass", "not-callable" and
+    "ranks-exception", a hint's own is where it was raised. Outside a hub (no
+    JUPYTERHUB_API_TOKEN) the report starts nothing and posts nothing."""
+    from course_lib.board import client
+
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    calls, returned, posted = [], [], []
+    real = client.report
+    monkeypatch.setattr(client, "report", lambda *a: calls.append(a) or returned.append(real(*a)))
+    monkeypatch.setattr(client, "_post", lambda *a: posted.append(a))
+    check_double(lambda x: 2 * x)
+    check_double(4)
+    check_double(abs)
+    check_runs_on_ranks(_crash_on_rank_1)
+    here = check_double.__module__
+    assert calls == [(here, "check_double", True, "pass"),
+                     (here, "check_double", False, "not-callable"),
+                     (here, "check_double", False, f"{here}:check_double+4"),
+                     (here, "check_runs_on_ranks", False, "ranks-exception")]
+    assert returned == [None] * 4 and posted == []
+
+
 def test_a_stub_run_in_the_kernel_is_not_written_yet_and_another_error_is_itself(capsys):
     def double(x):
         raise NotImplementedError(stub_message("double()"))
@@ -344,6 +375,20 @@ def test_a_known_fragment_of_pytorchs_error_chooses_the_hint():
         common.on_ranks(_call, _crash_on_rank_1, 2, known=[("division by", "do not divide")])
     assert str(caught.value).startswith("do not divide\n")
     assert caught.value.failure.error_type == "ZeroDivisionError"
+
+
+def test_a_checks_own_diagnosis_of_a_failure_replaces_the_hint_or_leaves_it():
+    seen = []
+
+    def diagnose(failure):
+        seen.append((failure.rank, failure.error_type))
+        return f"rank {failure.rank} divided by zero" if len(seen) == 1 else None
+
+    for expected in ("rank 1 divided by zero", "_crash_on_rank_1() raised an error on rank 1"):
+        with pytest.raises(common.Rejected) as caught:
+            common.on_ranks(_call, _crash_on_rank_1, 2, diagnose=diagnose)
+        assert str(caught.value).startswith(expected) and caught.value.failure.rank == 1
+    assert seen == [(1, "ZeroDivisionError")] * 2
 
 
 @pytest.mark.parametrize("sizes", [(2,), (3,), (2, 2), (2, 5)])

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec
 
 import torch
 
+from course_lib.board import client as board_client
 from course_lib.checks.result import CheckResult
 from course_lib.launching import DistributedError, launch
 from course_lib.launching.headline import headline_first
@@ -91,11 +93,24 @@ class Failure:
 
 class Rejected(Exception):
     """A wrong answer: the message is the hint the learner sees. `failure` holds how the ranks
-    failed when the answer crashed or hung; None when it returned a wrong result."""
+    failed when the answer crashed or hung; None when it returned a wrong result. `kind`
+    names the hint for the workshop board (course_lib/board): by default where it was raised
+    (raised_at); a check that wraps a caught Rejected's text passes that one's kind."""
 
-    def __init__(self, hint: str, failure: Failure | None = None) -> None:
+    def __init__(self, hint: str, failure: Failure | None = None, *, kind: str = "") -> None:
         super().__init__(hint)
         self.failure = failure
+        self.kind = kind or raised_at(sys._getframe(1))
+
+
+def raised_at(frame: Any) -> str:
+    """A stable name for a raise site: "lesson10.skip:_judge+14" (the module under
+    course_lib.checks, the function, the line counted from the function's first line, its
+    decorator's when it has one), unchanged by edits outside that function."""
+    module = frame.f_globals.get("__name__", "?").removeprefix("course_lib.checks.")
+    code = frame.f_code
+    function = getattr(code, "co_qualname", code.co_name).replace(".<locals>", "")  # 3.11+
+    return f"{module}:{function}+{frame.f_lineno - code.co_firstlineno}"
 
 
 class NotWritten(NotImplementedError):
@@ -122,7 +137,8 @@ def stopped_at_stub(err: DistributedError) -> bool:
 
 def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
              timeout: float = CHECK_TIMEOUT, *, hang_after: float = HANG_AFTER_S,
-             known: Sequence[tuple[str, str]] = ()) -> list[Any]:
+             known: Sequence[tuple[str, str]] = (),
+             diagnose: Callable[[Failure], str | None] | None = None) -> list[Any]:
     """Results of runner(fn, *args) on each of `world_size` fresh CPU (gloo) ranks, in rank
     order, on any machine: the exercises are CPU exercises.
 
@@ -132,7 +148,9 @@ def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
     catches it and branches on `failure`'s fields. A rank waiting in a collective fails after
     min(hang_after, timeout / 2) s. `known` pairs a fragment of *PyTorch's* error text (e.g.
     DDP's "Expected to have finished reduction") with the hint it deserves; never match the
-    wording of our own messages, branch on fields instead."""
+    wording of our own messages, branch on fields instead. `diagnose(failure)` is a check's
+    own reading of a crash or hang (how far each rank got, where the ranks parted): the whole
+    hint, or None for the default."""
     try:
         run = launch(runner, world_size, args=(fn, *args), timeout=timeout, backend="gloo",
                      pg_timeout=min(hang_after, timeout / 2), echo=False)
@@ -141,8 +159,9 @@ def on_ranks(runner: Callable, fn: Callable, world_size: int, args: tuple = (),
             raise NotWritten(fn) from None
         failure = Failure.of(err, getattr(fn, "__name__", "your function"), world_size,
                              timeout)
-        raise Rejected(failure.explained(_known_hint(failure, known) or explain(failure)),
-                       failure) from None
+        hint = diagnose(failure) if diagnose else None
+        raise Rejected(hint or failure.explained(_known_hint(failure, known) or explain(failure)),
+                       failure, kind=f"ranks-{failure.kind}") from None
     return run.results
 
 
@@ -204,6 +223,7 @@ def check(judge: Callable[Concatenate[Any, P], str],
     def checked(fn: Any, *args: P.args, **kwargs: P.kwargs) -> CheckResult:
         result = _verdict(name, fn, lambda: judge(fn, *args, **kwargs))
         result.show()
+        board_client.report(judge.__module__, name, result.passed, result.kind)
         return result
 
     checked.__signature__ = inspect.signature(judge).replace(  # type: ignore[attr-defined]
@@ -214,11 +234,11 @@ def check(judge: Callable[Concatenate[Any, P], str],
 def _verdict(check: str, fn: Any, judge: Callable[[], str]) -> CheckResult:
     if not callable(fn):
         return CheckResult(check, False, f"{check}() expects your function itself (its name, "
-                                         f"without calling it), got {fn!r}")
+                                         f"without calling it), got {fn!r}", "not-callable")
     try:
-        return CheckResult(check, True, judge())
+        return CheckResult(check, True, judge(), "pass")
     except Rejected as rejected:
-        return CheckResult(check, False, str(rejected))
+        return CheckResult(check, False, str(rejected), rejected.kind)
     except NotImplementedError as error:
         if not is_stub(error):
             raise  # not the stub's: a real error, shown whole

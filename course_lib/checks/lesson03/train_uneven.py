@@ -69,25 +69,20 @@ def check_train_uneven(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     that averaged steps over all the ranks' batches give."""
     by_size: dict[int, tuple[int, ...]] = {len(c): c for c in UNEVEN_BATCHES}
 
-    try:
-        for _, results in at_world_sizes(_train_on_rank, fn, tuple(by_size),
-                                         lambda n: (by_size[n],), timeout,
-                                         hang_after=HANG_AFTER_S):
-            _judge_training(results)
-    except Rejected as rejected:
-        _explain_hang(rejected, by_size)
-        raise
+    for _, results in at_world_sizes(_train_on_rank, fn, tuple(by_size),
+                                     lambda n: (by_size[n],), timeout, hang_after=HANG_AFTER_S,
+                                     diagnose=lambda failure: _hang_hint(failure, by_size)):
+        _judge_training(results)
     cases = " and ".join(f"{listing(c)} batches" for c in UNEVEN_BATCHES)
     return (f"ranks with {cases} trained on all of them, finished together, and ended "
             "with the weights of averaged steps over every rank's batches.")
 
 
-def _explain_hang(rejected: Rejected, by_size: dict[int, tuple[int, ...]]) -> None:
-    """Re-raise a hang (a rank left waiting in a collective) with what each rank took."""
-    failure: Failure | None = rejected.failure
-    if failure is None or not (failure.timed_out or failure.consequence
-                               or "Timed out" in failure.message):
-        return
+def _hang_hint(failure: Failure, by_size: dict[int, tuple[int, ...]]) -> str | None:
+    """A hang (a rank left waiting in a collective) told with what each rank took; None for
+    any other failure."""
+    if not (failure.timed_out or failure.consequence or "Timed out" in failure.message):
+        return None
     counts = by_size[failure.world_size]
     taken = _taken_before_failure(failure)
     if taken is None:
@@ -102,8 +97,8 @@ def _explain_hang(rejected: Rejected, by_size: dict[int, tuple[int, ...]]) -> No
                  + (f": rank {listing(done)} ran out and moved on while rank {listing(busy)} "
                     "waited in an all-reduce of DDP's backward that the others never joined."
                     if done and busy else "."))
-    raise Rejected(failure.explained(f"the ranks did not all finish: {story} Wrap the loop in "
-                                     "Join([ddp_model])."), failure) from None
+    return failure.explained(f"the ranks did not all finish: {story} Wrap the loop in "
+                             "Join([ddp_model]).")
 
 
 def _taken_before_failure(failure: Failure) -> list[int] | None:

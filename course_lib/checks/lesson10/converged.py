@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
+    Failure,
     Rejected,
     at_world_sizes,
     check,
@@ -99,22 +100,17 @@ def check_train_until_converged(fn: Callable, timeout: float = CHECK_TIMEOUT) ->
     """fn(model, batches, target) must train the DDP model on this rank's batches and stop,
     on every rank at the same step, before the first step whose loss averaged over all ranks
     is below target; it returns the number of optimizer steps taken."""
-    try:
-        for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
-                                         hang_after=HANG_AFTER_S):
-            _judge(n, results)
-    except Rejected as rejected:
-        hint = _hang_hint(rejected)
-        raise (Rejected(hint, rejected.failure) if hint else rejected) from None
+    for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
+                                     hang_after=HANG_AFTER_S, diagnose=_hang_hint):
+        _judge(n, results)
     return (f"on {listing(WORLD_SIZES)} ranks every rank stopped at the step where the "
             "loss averaged over all ranks first fell below the target, with one "
             "process's weights: no hang, and the same decision everywhere.")
 
 
-def _hang_hint(rejected: Rejected) -> str | None:
+def _hang_hint(failure: Failure) -> str | None:
     """Where the ranks parted, from the desync report of the failed launch."""
-    failure = rejected.failure
-    parted = where_parted(getattr(failure.error, "desync", None) if failure else None)
+    parted = where_parted(getattr(failure.error, "desync", None))
     if parted is None:
         return None
     return (f"on {failure.world_size} ranks {parted} Some ranks left the loop while others "

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
+    Failure,
     Rejected,
     at_world_sizes,
     check,
@@ -95,13 +96,9 @@ def check_skip_bad_batches(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
     """fn(model, batches) must train the DDP model on this rank's batches, skipping on every
     rank each batch where some rank's loss is not finite, and return the optimizer steps
     taken. It runs at 2 and 3 ranks, with the corrupt batch on different ranks and steps."""
-    try:
-        for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
-                                         hang_after=HANG_AFTER_S):
-            _judge(n, results)
-    except Rejected as rejected:
-        hint = _failure_hint(rejected)
-        raise (Rejected(hint, rejected.failure) if hint else rejected) from None
+    for n, results in at_world_sizes(_train_on_rank, fn, WORLD_SIZES, timeout=timeout,
+                                     hang_after=HANG_AFTER_S, diagnose=_failure_hint):
+        _judge(n, results)
     return (f"on {listing(WORLD_SIZES)} ranks every rank skipped the batches where some "
             "rank's loss was NaN, and only those, with one process's weights: no hang "
             "and no NaN in the model.")
@@ -157,11 +154,10 @@ def _steps_hint(n: int, got: int, want: int) -> str:
 
 # -- a crash or a hang -----------------------------------------------------------------------
 
-def _failure_hint(rejected: Rejected) -> str | None:
+def _failure_hint(failure: Failure) -> str | None:
     """What the ranks did differently, from the failed launch's desync report: which ranks
     skipped a backward alone (fewer gradient all-reduces), or where they first parted."""
-    failure = rejected.failure
-    report = getattr(failure.error, "desync", None) if failure else None
+    report = getattr(failure.error, "desync", None)
     if report is None or not report.traces:
         return None
     n = failure.world_size
