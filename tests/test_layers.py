@@ -145,12 +145,13 @@ MAY_IMPORT = {
     "teach": {"protocol", "wrappers", "launching", "telemetry", "plots", "network", "devices",
               "words"},
     "checks": {"protocol", "wrappers", "launching", "telemetry", "teach", "xray", "devices",
-               "words"},
+               "words", "board"},
     "authoring": {"protocol", "pitfalls"},
     "network": set(), "export": set(),
     "doctor": {"launching", "network"},
     "xray": {"collectors", "launching", "pitfalls", "words", "devices"},
     "pitfalls": set(),
+    "board": set(),  # the workshop board: its client (stdlib only) is what checks import
     "__main__": set(),
 }
 
@@ -186,7 +187,7 @@ TORCH_FREE = ["course_lib", "course_lib.protocol", "course_lib.authoring.gate",
               "course_lib.authoring.coverage", "course_lib.authoring.exercises",
               "course_lib.authoring.stubs", "course_lib.doctor", "course_lib.checks",
               "course_lib.network", "course_lib.export", "course_lib.pitfalls",
-              "course_lib.words"]
+              "course_lib.words", "course_lib.board.client"]
 
 
 def imported(*args: str) -> set[str]:

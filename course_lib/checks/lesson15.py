@@ -207,7 +207,8 @@ def check_fixed_train(fn: Callable, pitfalls_found: Callable | None = None,
         try:
             _judge_fix(run)
         except Rejected as rejected:
-            raise Rejected(f"{rejected}\n  On this run {xray_summary(found)}") from None
+            raise Rejected(f"{rejected}\n  On this run {xray_summary(found)}",
+                           kind=rejected.kind) from None
         if found:
             raise Rejected(f"on {n} ranks {xray_summary(found)}")
     return (f"{named}On {listing(WORLD_SIZES)} ranks, {STEPS} optimizer steps of {K} "

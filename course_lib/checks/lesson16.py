@@ -152,7 +152,8 @@ def check_parallelize(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
         try:
             _, results = next(runs)
         except Rejected as failed:  # a crash or a hang at this size
-            raise Rejected(_where(n, passed) + str(failed), failed.failure) from None
+            raise Rejected(_where(n, passed) + str(failed), failed.failure,
+                           kind=failed.kind) from None
         hint = _hint(results, truth, n)
         if hint:
             raise Rejected(_where(n, passed) + hint)

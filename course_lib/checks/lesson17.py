@@ -131,7 +131,8 @@ def _runs(fn: Callable, timeout: float):
         except StopIteration:
             return
         except Rejected as rejected:
-            raise Rejected(_waits_hint(rejected, n) or str(rejected), rejected.failure) from None
+            raise Rejected(_waits_hint(rejected, n) or str(rejected), rejected.failure,
+                           kind=rejected.kind) from None
 
 
 def _waits_hint(rejected: Rejected, n: int | None) -> str | None:

@@ -10,11 +10,14 @@ from course_lib.protocol import CHECK_MIME
 
 @dataclass(frozen=True)
 class CheckResult:
-    """`passed` and the `message` (the pass summary or the hint); truthy when passed."""
+    """`passed` and the `message` (the pass summary or the hint); truthy when passed.
+    `kind` names what the check decided in a stable way, for the workshop board: "pass",
+    "not-callable" or the hint's kind (common.Rejected.kind); never shown to the learner."""
 
     check: str
     passed: bool
     message: str
+    kind: str = ""
 
     def __bool__(self) -> bool:
         return self.passed

@@ -56,7 +56,8 @@ def check_global_batch_stats(fn: Callable, timeout: float = CHECK_TIMEOUT) -> st
         try:
             _, results = next(runs)
         except Rejected as failed:  # a crash or a hang at this size
-            raise Rejected(_where(n, passed) + str(failed), failed.failure) from None
+            raise Rejected(_where(n, passed) + str(failed), failed.failure,
+                           kind=failed.kind) from None
         hint = _stats_hint(results, STATS_SIZES[n])
         if hint:
             raise Rejected(_where(n, passed) + hint)

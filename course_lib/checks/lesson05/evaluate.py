@@ -101,7 +101,7 @@ def check_evaluate(fn: Callable, timeout: float = CHECK_TIMEOUT) -> str:
             want = _judge_evaluate(results[0])
         except Rejected as wrong:
             raise Rejected(f"on {n} ranks (rank 0 evaluating, the others waiting): "
-                           f"{wrong}") from None
+                           f"{wrong}", kind=wrong.kind) from None
     return (f"on {listing(EVAL_WORLD_SIZES)} ranks, rank 0 evaluated on its own "
             f"(accuracy {want:.3f}, as in eval mode) while the others waited, and the "
             "model went back to training unchanged.")
