@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import pickle
 import random
 import signal
 import sys
@@ -153,12 +154,24 @@ def _tuples(value: Any) -> Any:
 
 
 def every_rank_rng_state() -> list[dict[str, Any]]:
-    """Every rank's rng_state(), in rank order, on every rank (a collective)."""
+    """Every rank's rng_state(), in rank order, on every rank (a collective). Pickled and
+    sent as bytes by two all_gathers (the lengths, then the padded bytes) rather than with
+    dist.all_gather_object, which needs numpy (torch's _tensor_to_object calls
+    tensor.numpy()): a script that copies these helpers then runs with torch alone."""
     if not (dist.is_available() and dist.is_initialized()):
         return [rng_state()]
-    states: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(states, rng_state())
-    return states
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    mine = torch.tensor(list(pickle.dumps(rng_state())), dtype=torch.uint8, device=device)
+    ranks = dist.get_world_size()
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(ranks)]
+    dist.all_gather(sizes, torch.tensor([mine.numel()], device=device))
+    longest = max(int(size) for size in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: mine.numel()] = mine
+    gathered = [torch.empty_like(padded) for _ in range(ranks)]
+    dist.all_gather(gathered, padded)
+    return [pickle.loads(bytes(g[: int(n)].tolist())) for g, n in zip(gathered, sizes)]
 
 
 # -- the whole training state -------------------------------------------------------------
