@@ -151,13 +151,12 @@ class SaveSpy:
 
     def _renamer(self, which: str) -> Any:
         def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-            paths = isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike))
-            old = os.path.abspath(os.fspath(src)) if paths else None
-            new = os.path.abspath(os.fspath(dst)) if paths else None
-            before = _contents(new) if paths and self.kill else None
-            self._saved[which](src, dst, *args, **kwargs)
-            if not paths:
+            if not (isinstance(src, (str, os.PathLike)) and isinstance(dst, (str, os.PathLike))):
+                self._saved[which](src, dst, *args, **kwargs)  # file descriptors: not followed
                 return
+            old, new = os.path.abspath(os.fspath(src)), os.path.abspath(os.fspath(dst))
+            before = _contents(new) if self.kill else None
+            self._saved[which](src, dst, *args, **kwargs)
             self.renames.append((old, new))
             self.written = [new if w == old else w for w in self.written]
             if self.kill:
@@ -182,12 +181,12 @@ class SaveSpy:
         writes = [i for i, op in enumerate(self._ops) if op["kind"] == "write"]
         copies = [i for i in writes if self._ops[i]["op"] == "shutil.copyfile"]
         kept = [i for i in writes if self._still_there(i)]
-        chosen = (copies or kept or writes[-1:] or [None])[0]
+        chosen = next(iter(copies or kept or writes[-1:]), None)
         if chosen is not None:
             for op in reversed(self._ops[chosen + 1:]):
                 self._undo(op)
             target = self._ops[chosen]["target"]
-            _write(target, _contents(target)[: os.path.getsize(target) // 2])
+            _write(target, (_contents(target) or b"")[: os.path.getsize(target) // 2])
         if report is not None:
             op = self._ops[chosen] if chosen is not None else {}
             with open(report, "w") as f:
