@@ -7,6 +7,8 @@ and never for a name in the body, and a browser cookie cannot post. Plus the sto
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -179,3 +181,13 @@ def test_pages_escape_what_learners_control(tmp_path):
     board.record("<b>ada</b>", "00", "x", False, "k", now=time.time())
     html = page.render(labelled(board.view()))
     assert "<b>ada</b>" not in html and "&lt;b&gt;ada&lt;/b&gt;" in html
+
+
+def test_the_service_imports_no_torch_and_no_check():
+    """It runs on the hub, which needs no torch: labels read the checks' source instead."""
+    code = ("import sys, course_lib.board.service, course_lib.board.labels as l; "
+            "l.label('lesson00:_judge_totals+10'); print(sorted(sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    loaded = set(json.loads(done.stdout.replace("'", '"')))
+    assert "torch" not in loaded and not any(m.startswith("course_lib.checks") for m in loaded)

@@ -36,7 +36,7 @@ def _grid(view: dict) -> str:
     e = html.escape
     checks = [(c["exercise"], c["check"]) for c in view["checks"]]
     cells = {(r["learner"], r["exercise"], r["check"]): r for r in view["rows"]}
-    head = "".join(f"<th>{e(x)}<br><small>{e(c)}</small></th>" for x, c in checks)
+    head = "".join(f"<th>exercise {e(x)}<br><small>{e(c)}</small></th>" for x, c in checks)
     lines = [f"<table><tr><th>learner</th>{head}</tr>"]
     for learner in view["learners"]:
         row = "".join(_cell(cells.get((learner, x, c))) for x, c in checks)
