@@ -29,9 +29,12 @@ class Call:
     seq: int
     op: str
     sizes: tuple[tuple[int, ...], ...]
-    where: str
+    where: str  # in words: "train, line 40 (DDP's forward)"
     file: str  # the file of the frame `where` names ("" when it is inside torch)
     completed: bool
+    function: str = ""  # the learner's innermost function ("" when the call is all torch's)
+    line: int = 0  # that function's line
+    part: str = ""  # what DDP or autograd was doing when the learner did not call it directly
 
     @property
     def label(self) -> str:
@@ -79,10 +82,22 @@ def calls_from(dump: dict[str, Any]) -> list[Call]:
                if _group(e) == "default_pg" and not e.get("is_p2p")]
     offset = 1 if any(e["collective_seq_id"] == 1 and _is_launch_barrier(e)
                       for e in entries) else 0
-    return [Call(e["collective_seq_id"] - offset, e["profiling_name"].split(":", 1)[-1],
-                 tuple(tuple(s) for s in e.get("input_sizes", [])),
-                 *_where(e.get("frames", [])), completed=bool(e.get("retired")))
-            for e in entries if e["collective_seq_id"] - offset > 0]
+    return [_call(e["collective_seq_id"] - offset, e) for e in entries
+            if e["collective_seq_id"] - offset > 0]
+
+
+def _call(seq: int, entry: Entry) -> Call:
+    """One recorded collective, its origin as fields and in words."""
+    frames = entry.get("frames", [])
+    own = next((f for f in frames if _TORCH not in f["filename"]
+                and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
+    part = _part(frames[:frames.index(own)] if own else frames) or ""
+    text = f"{own['name']}, line {own['line']}" if own else "inside torch"
+    return Call(seq, entry["profiling_name"].split(":", 1)[-1],
+                tuple(tuple(s) for s in entry.get("input_sizes", [])),
+                f"{text} ({part})" if part else text, own["filename"] if own else "",
+                completed=bool(entry.get("retired")), function=own["name"] if own else "",
+                line=int(own["line"]) if own else 0, part=part)
 
 
 def _group(entry: Entry) -> str:
@@ -100,16 +115,6 @@ _DDP_PARTS = [("_sync_buffers", "DDP's buffer broadcast"), ("_pre_forward", "DDP
 # DDP's bucket rebuild is C++ (reducer._rebuild_buckets), called from one line of Python:
 # its broadcasts show that line, whose source names it (torch 2.13: distributed.py:1775).
 _REBUILD = "_rebuild_buckets"
-
-
-def _where(frames: list[Entry]) -> tuple[str, str]:
-    """Where a collective came from: the learner's innermost frame, and what DDP (or
-    autograd) was doing when the learner did not call it directly; and that frame's file."""
-    own = next((f for f in frames if _TORCH not in f["filename"]
-                and _LAUNCHER not in f["filename"] and _XRAY not in f["filename"]), None)
-    part = _part(frames[:frames.index(own)] if own else frames)
-    text = f"{own['name']}, line {own['line']}" if own else "inside torch"
-    return (f"{text} ({part})" if part else text), (own["filename"] if own else "")
 
 
 def _part(inner: list[Entry]) -> str | None:

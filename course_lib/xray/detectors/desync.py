@@ -5,7 +5,6 @@ failed run's desync report (launching/desync_report/): its fields, never its wor
 from __future__ import annotations
 
 import os
-import re
 
 from course_lib import words
 from course_lib.launching.desync_report import Call, DesyncReport, first_difference
@@ -16,7 +15,6 @@ from course_lib.xray.rules import rule
 from course_lib.xray.run_events import RunEvents
 
 _DDP_FORWARD = ("DDP's forward", "DDP's buffer broadcast")
-_LINE = re.compile(r"^(?P<fn>[^,]+), line (?P<line>\d+)")
 
 
 def _no_report(run: RunEvents) -> str:
@@ -55,7 +53,7 @@ def _desync(run: RunEvents) -> Finding | None:
     seq = report.first_difference
     calls = {t.rank: t.at(seq) for t in report.traces if t.dumped}
     forward = [(r, c) for r, c in calls.items()
-               if c is not None and any(k in c.where for k in _DDP_FORWARD)]
+               if c is not None and c.part in _DDP_FORWARD]
     if forward:
         rank, call = forward[0]
         elsewhere = [r for r, c in calls.items() if r not in dict(forward) and (
@@ -149,15 +147,14 @@ def _crashed(run: RunEvents) -> bool:
 
 
 def _where(run: RunEvents, call: Call | None) -> str:
-    """'trainer.py:40' from the call's 'main, line 40 (...)' and its frame's file: the
-    script's own, or a module of the script's folder (a multi-file script)."""
-    match = _LINE.match(call.where) if call else None
-    if call is None or not match:
+    """'trainer.py:40' from the call's line and its frame's file: the script's own, or a
+    module of the script's folder (a multi-file script)."""
+    if call is None or not call.function:
         return ""
     if not run.source:
-        return f"{match['fn']}, line {match['line']}"
+        return f"{call.function}, line {call.line}"
     shown = run.source
     if call.file and os.path.isfile(call.file) \
             and os.path.realpath(call.file) != os.path.realpath(run.source):
         shown = os.path.relpath(call.file)
-    return f"{shown}:{match['line']}"
+    return f"{shown}:{call.line}"
