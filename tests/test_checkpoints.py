@@ -1,5 +1,6 @@
 """The checkpoint helpers lessons 11 and 14 use: atomic verified files, random state and the
-whole training state round-tripped, and the fault injectors' memory limit."""
+whole training state round-tripped; the clean stop on SIGTERM (preemption); the fault
+injectors' memory limit and SaveSpy."""
 
 import json
 import os
@@ -16,6 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from course_lib.teach import checkpoints as ckpt
+from course_lib.teach import preemption
 from course_lib.teach.checkpoint_views import largest_difference, outcome
 
 
@@ -166,7 +168,7 @@ STOPPING_DEFS = """
 import signal, sys, time
 import torch
 from torch.utils.data import DataLoader, Dataset
-from course_lib.teach import checkpoints as ckpt
+from course_lib.teach import preemption
 class Slow(Dataset):
     def __len__(self):
         return 10**6
@@ -179,10 +181,11 @@ stop = []
 signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
 fixed, start_method = sys.argv[1] == "ignore", sys.argv[2]
 after = 0
-loader = DataLoader(Slow(), num_workers=1, worker_init_fn=ckpt.ignore_sigterm if fixed else None,
+init = preemption.ignore_sigterm if fixed else None
+loader = DataLoader(Slow(), num_workers=1, worker_init_fn=init,
                     multiprocessing_context=start_method)
 hold = fixed and start_method != "forkserver"  # iter_holding_sigterm refuses a forkserver
-for n, _ in enumerate(ckpt.iter_holding_sigterm(loader) if hold else iter(loader)):
+for n, _ in enumerate(preemption.iter_holding_sigterm(loader) if hold else iter(loader)):
     if n == 5:
         print("ready", flush=True)
     after += bool(stop)
@@ -197,12 +200,13 @@ def test_a_sigterm_while_a_worker_starts_is_held_back_until_it_ignores_it(hold):
     """PyTorch installs its own SIGTERM handler in a new worker before worker_init_fn."""
     code = ("import os, signal, sys\n"
             "from torch.utils.data import DataLoader\n"
-            "from course_lib.teach import checkpoints as ckpt\n"
+            "from course_lib.teach import preemption\n"
             "def init(i):\n"
             "    os.kill(os.getpid(), signal.SIGTERM)  # the signal lands before the init\n"
-            "    ckpt.ignore_sigterm(i)\n"
+            "    preemption.ignore_sigterm(i)\n"
             "loader = DataLoader(range(4), num_workers=1, worker_init_fn=init)\n"
-            "it = ckpt.iter_holding_sigterm(loader) if sys.argv[1] == 'hold' else iter(loader)\n"
+            "hold = sys.argv[1] == 'hold'\n"
+            "it = preemption.iter_holding_sigterm(loader) if hold else iter(loader)\n"
             "print(sum(int(b) for b in it))\n")
     done = subprocess.run([sys.executable, "-c", code, "hold" if hold else "no"],
                           capture_output=True, text=True, timeout=120)
@@ -238,9 +242,9 @@ def test_sigterm_to_the_process_group_leaves_the_loader_running_when_workers_ign
 def test_holding_sigterm_refuses_workers_started_from_a_forkserver():
     loader = DataLoader(range(4), num_workers=1, multiprocessing_context="forkserver")
     with pytest.raises(ValueError, match='multiprocessing_context="fork"'):
-        ckpt.iter_holding_sigterm(loader)
-    assert ckpt.worker_start_method(DataLoader(range(4))) is None  # no workers
-    assert ckpt.worker_start_method(DataLoader(range(4), num_workers=1,
+        preemption.iter_holding_sigterm(loader)
+    assert preemption.worker_start_method(DataLoader(range(4))) is None  # no workers
+    assert preemption.worker_start_method(DataLoader(range(4), num_workers=1,
                                                multiprocessing_context="spawn")) == "spawn"
 
 

@@ -1,4 +1,4 @@
-"""Checks for lesson 15's exercise: fix a colleague's training function (no
+"""One job: judge lesson 15's exercise, a colleague's training function fixed (no
 DistributedSampler, accumulation without no_sync(), a checkpoint saved from the DDP
 wrapper), and name the pitfalls it had. Measured on the ranks: the indices each rank read,
 DDP's all-reduces, the optimizer steps, the final weights, and rank 0's checkpoint loaded
