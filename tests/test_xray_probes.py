@@ -43,7 +43,7 @@ def test_every_event_kind_has_a_schema_and_its_writer() -> None:
     needed = {KIND_OF[s] for r in in_report_order() for s in r.needs}
     assert needed <= set(written) and "probe_error" not in needed
     assert set(FEEDING) == {"data", "output", "collectives", "ddp", "optim", "checkpoint",
-                            "amp"}
+                            "amp", "tensor_parallel", "pipeline"}
 
 
 def test_every_private_torch_name_the_probes_patch_exists_on_this_torch() -> None:
@@ -62,8 +62,12 @@ def test_every_private_torch_name_the_probes_patch_exists_on_this_torch() -> Non
             for part in (*owner.split("."), patch.name):
                 if part.startswith("_") and not part.startswith("__"):
                     private.add(f"{owner}.{patch.name}")
+    styles = {f"{style}._apply" for style in (
+        "ColwiseParallel", "RowwiseParallel", "SequenceParallel", "PrepareModuleInput",
+        "PrepareModuleOutput", "PrepareModuleInputOutput")}
     assert private == {"_BaseDataLoaderIter._next_index", "_BaseDataLoaderIter.__next__",
-                       "DistributedDataParallel._sync_buffers", "_BatchNorm.forward"}
+                       "DistributedDataParallel._sync_buffers", "_BatchNorm.forward",
+                       "_PipelineSchedule.__init__", *styles}
     assert [op for op in OPS if not hasattr(c10d, op)] == []
 
 
@@ -123,17 +127,10 @@ def test_a_torch_name_missing_under_a_probe_leaves_its_rules_not_judged_not_a_cr
     assert "P16" in report.ids  # the output probe still watched: both ranks printed
 
 
-def _train_with_a_broken_probe(probe: str) -> None:
-    """A small DDP run that exercises every probe, with record.note raising whenever the
-    named probe module calls it (a bug in that probe's bookkeeping)."""
+def _break(probe: str) -> None:
+    """In this rank, make record.note raise whenever the named probe module calls it (a bug
+    in that probe's bookkeeping)."""
     import sys
-    import tempfile
-
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
     from course_lib.xray import record
 
@@ -145,6 +142,20 @@ def _train_with_a_broken_probe(probe: str) -> None:
         return real(kind, where_, **fields)
 
     record.note = note
+
+
+def _train_with_a_broken_probe(probe: str) -> None:
+    """A small DDP run that exercises every probe but the parallel ones, with the named
+    probe broken (_break)."""
+    import tempfile
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    _break(probe)
     torch.manual_seed(0)
     model = DDP(nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -166,14 +177,55 @@ def _train_with_a_broken_probe(probe: str) -> None:
         model.module.load_state_dict(torch.load(f"{folder}/m.pt"))
 
 
+def _train_in_parallel(probe: str) -> None:
+    """On 2 ranks, tensor parallelism over a DataLoader, then one step of a 2-stage
+    pipeline: what the tensor_parallel and pipeline probes watch, with the named probe
+    broken (_break)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    _break(probe)
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    model = parallelize_module(mlp, init_device_mesh("cpu", (2,)),
+                               {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+    for x, y in DataLoader(data, batch_size=8, sampler=DistributedSampler(data, 1, 0)):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    rank = dist.get_rank()
+    stage = PipelineStage(nn.Linear(4, 4) if rank == 0 else nn.Linear(4, 1), rank, 2,
+                          torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=F.mse_loss)
+    if rank == 0:
+        schedule.step(torch.randn(8, 4))
+    else:
+        schedule.step(target=torch.randn(8, 1), losses=[])
+
+
+PARALLEL = ("tensor_parallel", "pipeline")  # the probes that _train_in_parallel exercises
+
+
 @pytest.mark.parametrize("probe", FEEDING)
 def test_a_broken_probe_says_not_judged_and_never_breaks_the_run(probe) -> None:
     """Every probe's bookkeeping runs under record.guard: the run returns, and each id the
     probe feeds is listed as not judged, never judged on missing events."""
     from course_lib.xray import xray
 
-    report = xray(functools.partial(_train_with_a_broken_probe, probe), world_size=2,
-                  timeout=60)
+    train = _train_in_parallel if probe in PARALLEL else _train_with_a_broken_probe
+    report = xray(functools.partial(train, probe), world_size=2, timeout=60)
     assert report.failure is None, str(report)
     for pid in _writers(probe):
         assert any(u.id == pid and u.reason.startswith(f"the x-ray's {probe} probe failed on "
@@ -212,6 +264,47 @@ def test_a_run_s_events_match_their_schemas() -> None:
     assert {"loader", "pass", "sampler", "set_epoch", "print", "collective", "ddp_buffer_sync",
             "ddp", "batchnorm", "opt_step", "autocast", "save", "load", "load_state_dict",
             "gpu_query"} <= {e["kind"] for e in events}
+
+
+def test_a_parallel_run_s_events_match_their_schemas() -> None:
+    from course_lib.xray import xray
+    from course_lib.xray.events import mismatch
+
+    report = xray(functools.partial(_train_in_parallel, "no probe"), world_size=2, timeout=60)
+    assert report.run is not None and report.failure is None, str(report)
+    events = [e for extras in report.run.extras for e in extras[COLLECTOR]]
+    assert [mismatch(e) for e in events if mismatch(e)] == []
+    assert {"tp_plan", "tp_input", "pipeline_schedule", "pipeline_step"} <= {
+        e["kind"] for e in events}
+    assert {c.id for c in report.checked} >= {"TP4", "PP5", "PP4"}
+
+
+def _uninstallable(probe: str, fn) -> object:
+    """In the rank: the probe's patches() raises as it would on a torch without the names
+    it wraps, then fn runs as the x-ray runs it."""
+    from course_lib.xray import probes
+    from course_lib.xray.on_rank import observed
+
+    def missing() -> list:
+        raise ImportError(f"cannot import name 'api' (a torch without {probe})")
+    getattr(probes, probe).patches = missing
+    return observed(fn)
+
+
+@pytest.mark.parametrize("probe", PARALLEL)
+def test_a_parallel_probe_that_cannot_be_installed_leaves_its_rules_not_judged(probe) -> None:
+    """M2 for the parallel probes: the run trains, and each rule reading the probe's events
+    (P03 too, which needs the tensor-parallel groups) says why it was not judged."""
+    from course_lib.launching import launch
+
+    run = launch(functools.partial(_uninstallable, probe, functools.partial(
+        _train_in_parallel, "no probe")), 2, timeout=60, echo=False)
+    report = run_all(RunEvents.from_run(2, run))
+    reason = (f"the x-ray's {probe} probe could not be installed on this torch (ImportError: "
+              f"cannot import name 'api' (a torch without {probe}))")
+    fed = {"tensor_parallel": {"P03", "TP4", "TP8"}, "pipeline": {"PP5", "PP4"}}[probe]
+    assert set(_writers(probe)) == fed
+    assert {u.id for u in report.not_checked if u.reason == reason} == fed
 
 
 def test_recorded_wraps_the_collectives_only_inside_its_block() -> None:

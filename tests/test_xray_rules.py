@@ -301,3 +301,135 @@ def test_a_traceback_s_frames_are_read_from_a_script_and_from_a_notebook_cell() 
         ("Cell In[4]", 5, "train", "model.cuda()"),
         ("/venv/site-packages/torch/cuda/__init__.py", 689, "set_device", "")]
     assert found[1].where == "Cell In[4], line 5"
+
+
+# -- the tensor- and pipeline-parallel rules ---------------------------------------------------
+
+def _tp_plan(group: list[int], shape: list[int] | None = None,
+             dims: list[str] | None = None) -> dict:
+    return _ev("tp_plan", key="train.py:30#1", group=group, dim="tp",
+               mesh_shape=shape or [len(group)], mesh_dims=dims or ["tp"],
+               plan=["feed_forward.w1", "feed_forward.w2"], module="TinyLM")
+
+
+def _fed(values: list[float], number: int = 0, data: bool = True) -> dict:
+    return _ev("tp_input", plan="train.py:30#1", number=number, grad=True, data=data,
+               rows=len(values), fingerprint=values)
+
+
+def test_tp4_ranks_of_one_group_fed_different_inputs() -> None:
+    from course_lib.xray.detectors import tensor_parallel
+
+    plan = _tp_plan([0, 1])
+    apart = _run([plan, _fed([1.0, 2.0])], [plan, _fed([3.0, 4.0])])
+    findings = _found(tensor_parallel, apart)
+    assert [(f.id, f.where) for f in findings] == [("TP4", "train.py:7")]
+    assert "rank 0 fed values [1, 2]" in findings[0].evidence
+    assert _found(tensor_parallel, _run([plan, _fed([1.0, 2.0])], [plan, _fed([1.0, 2.0])])) == []
+    # an activation (autograd history) is not the data: dropout may differ there (TP5)
+    inner = _run([plan, _fed([1.0], data=False)], [plan, _fed([2.0], data=False)])
+    assert _found(tensor_parallel, inner) == []
+    assert RULES["TP4"].verdict(inner) == Unjudged("TP4", (
+        "no forward of the parallelized model and no training pass over a DataLoader ran on "
+        "every rank of a tensor-parallel group"))
+
+
+def test_tp4_reads_the_training_batches_when_the_model_was_fed_activations() -> None:
+    """Per-block parallelization: the blocks' inputs are activations, so each rank's first
+    training batch says what it read; the fix goes where the sampler was made."""
+    from course_lib.xray.detectors import tensor_parallel
+
+    plan = _tp_plan([0, 1])
+    sampler = _ev("sampler", key=1, num_replicas=2, rank=0, shuffle=True, drop_last=False,
+                  total_size=8, epoch=0, dataset_len=8)
+    sampler["where"] = "train.py:40"
+    run = _run([plan, sampler, _pass(0, [3, 1, 0, 2], "train.py:50")],
+               [plan, sampler, _pass(0, [7, 5, 4, 6], "train.py:50",
+                                     distributed={"num_replicas": 2, "rank": 1,
+                                                  "shuffle": True, "drop_last": False,
+                                                  "total_size": 8, "epoch": 0})])
+    findings = _found(tensor_parallel, run)
+    assert [(f.id, f.where) for f in findings] == [("TP4", "train.py:40")]
+    assert "rank 0 read samples [3, 1, 0, 2], rank 1 [7, 5, 4, 6]" in findings[0].evidence
+    assert "the global world size and rank" in findings[0].evidence
+
+
+def test_tp8_on_a_2d_mesh_hides_tp4_and_p03_compares_only_across_tp_groups() -> None:
+    g01, g23 = _tp_plan([0, 1], [2, 2], ["dp", "tp"]), _tp_plan([2, 3], [2, 2], ["dp", "tp"])
+    split = _run([g01, _fed([1.0])], [g01, _fed([2.0])], [g23, _fed([1.0])], [g23, _fed([2.0])])
+    report = run_all(split)
+    assert report.ids == ["TP8"]
+    assert "num_replicas=mesh['dp'].size(), rank=mesh['dp'].get_local_rank()" in \
+        report.findings[0].evidence
+    assert Unjudged("TP4", "its symptom is explained by TP8's finding above") in \
+        report.not_checked
+    # the ranks of one group read the same samples, the two groups different ones: correct
+    same = [_pass(0, [0, 1, 2, 3], "train.py:50"), _pass(0, [4, 5, 6, 7], "train.py:50")]
+    ranks = [[g, p] for g, p in zip((g01, g01, g23, g23), (same[0], same[0], same[1], same[1]))]
+    assert _found(data, _run(*ranks)) == []
+    assert _found(data, _run(*[[g, same[0]] for g in (g01, g01, g23, g23)]))[0].id == "P03"
+
+
+def test_p03_is_not_judged_when_every_rank_is_one_tensor_parallel_group() -> None:
+    plan = _tp_plan([0, 1])
+    run = _run([plan, _pass(0, [0, 1, 2, 3], "t.py:5")], [plan, _pass(0, [0, 1, 2, 3], "t.py:5")])
+    assert RULES["P03"].verdict(run) == Unjudged("P03", (
+        "every rank is in one tensor-parallel group, whose ranks must read the same samples "
+        "(TP4)"))
+
+
+def _schedule(scale_grads: bool, reduction: str, m: int = 4) -> dict:
+    return _ev("pipeline_schedule", key=1, schedule="ScheduleGPipe", n_microbatches=m,
+               scale_grads=scale_grads, loss="mse_loss", reduction=reduction)
+
+
+def _pipe_step(last: bool, losses: int) -> dict:
+    return _ev("pipeline_step", schedule=1, number=0, stages=2, stage=int(last), last=last,
+               rows=32, losses_given=True, losses=losses)
+
+
+def test_pp5_scale_grads_false_with_a_loss_that_averages() -> None:
+    from course_lib.xray.detectors import pipeline
+
+    def run(schedule: dict) -> RunEvents:
+        return _run([schedule, _pipe_step(False, 0)], [schedule, _pipe_step(True, 4)])
+    assert _ids(pipeline, run(_schedule(False, "mean"))) == [("PP5", "confirmed")]
+    assert _ids(pipeline, run(_schedule(True, "mean"))) == []
+    assert _ids(pipeline, run(_schedule(False, ""))) == []  # the learner's own loss: unknown
+    assert _ids(pipeline, run(_schedule(False, "sum"))) == []
+    assert _ids(pipeline, run(_schedule(False, "mean", m=1))) == []
+
+
+def test_the_pipeline_probe_reads_a_loss_function_s_reduction() -> None:
+    import functools
+
+    import torch
+    import torch.nn.functional as F
+
+    from course_lib.xray.probes.pipeline import describe_loss
+
+    assert describe_loss(F.mse_loss) == ("mse_loss", "mean")
+    assert describe_loss(torch.nn.CrossEntropyLoss(reduction="sum")) == ("CrossEntropyLoss",
+                                                                         "sum")
+    assert describe_loss(functools.partial(F.cross_entropy, reduction="none")) == (
+        "cross_entropy", "none")
+    assert describe_loss(lambda out, y: F.mse_loss(out, y) / 4)[1] == ""
+    assert describe_loss(None) == ("", "")
+
+
+def test_pp4_a_rank_without_the_last_stage_failed_on_its_empty_losses() -> None:
+    from course_lib.launching.errors import DistributedError, RankFailure
+    from course_lib.xray.detectors import pipeline
+
+    tb = ('Traceback (most recent call last):\n  File "/tmp/train.py", line 38, in <module>\n'
+          '    print(torch.stack(losses).mean())\n'
+          'RuntimeError: stack expects a non-empty TensorList\n')
+    def failed(rank: int) -> RunEvents:
+        run = _run([_pipe_step(False, 0)], [_pipe_step(True, 4)])
+        run.error = DistributedError("rank failed", [RankFailure(
+            rank, "exception", "", "RuntimeError", "stack expects a non-empty TensorList", tb)])
+        return run
+    findings = _found(pipeline, failed(0))
+    assert [(f.id, f.where) for f in findings] == [("PP4", "/tmp/train.py:38")]
+    assert "rank 1's held 4" in findings[0].evidence
+    assert _found(pipeline, failed(1)) == []  # the last stage's own error is another one

@@ -133,7 +133,7 @@ def frames(traceback: str) -> list[Frame]:
     return found
 
 
-def _learner_frame(f: RankFailure) -> Frame | None:
+def learner_frame(f: RankFailure) -> Frame | None:
     """The innermost frame of the learner's code in a failure's traceback."""
     own = [fr for fr in frames(f.traceback) if fr.file.startswith("Cell ") or is_own(fr.file)]
     return own[-1] if own else None
@@ -142,7 +142,7 @@ def _learner_frame(f: RankFailure) -> Frame | None:
 def _needs_gpu(f: RankFailure, nccl: list[InitProcessGroup]) -> bool:
     """The rank failed in a GPU-only call: torch's CUDA code raised, or its message is
     torch's for a missing GPU, or the call that failed asked for an NCCL process group."""
-    frame = _learner_frame(f)
+    frame = learner_frame(f)
     asked_nccl = frame is not None and any(
         e["where"].rsplit(":", 1)[-1] == str(frame.line) for e in nccl)
     return bool(_GPU.search(f.message)) or asked_nccl or any(
@@ -154,7 +154,7 @@ def _cannot_run(f: RankFailure) -> str:
 
     from course_lib import devices
 
-    frame = _learner_frame(f)
+    frame = learner_frame(f)
     call = f"{frame.where} `{frame.source}`" if frame and frame.source else \
         (frame.where if frame else "a line of the script")
     if torch.version.cuda is None:
@@ -201,7 +201,7 @@ def _exited(run: RunEvents, e: Exit) -> str:
 
 def _failed(run: RunEvents, f: RankFailure) -> str:
     """A failure before training in a script that had found no GPU: it expects one."""
-    frame = _learner_frame(f)
+    frame = learner_frame(f)
     at = f" at {frame.where}" if frame else ""
     raised = f.error_type or "an error"
     return (f"The script failed before training: rank {f.rank} raised {raised}{at} "

@@ -272,6 +272,60 @@ class InitProcessGroup(Event):
     world_size: int  # -1 when not given
 
 
+# -- probes/tensor_parallel.py -------------------------------------------------------------
+
+
+class TpPlan(Event):
+    """parallelize_module was called by the learner's code (the outermost call)."""
+
+    key: str  # "file:line#n": the n-th call at that line, the same on every rank
+    group: list[int]  # the global ranks of the mesh it was given: this rank's TP group
+    dim: str  # that mesh's dimension name ("tp"), "" when unnamed
+    mesh_shape: list[int]  # the whole mesh it was cut from ([2, 2] for a 2-D mesh)
+    mesh_dims: list[str]  # the whole mesh's dimension names (["dp", "tp"]), [] when unnamed
+    plan: list[str]  # the plan's keys (the first few), or the style's class name
+    module: str  # the parallelized module's class
+
+
+class TpInput(Event):
+    """What this rank fed a parallelized module in one of its first forwards."""
+
+    plan: str  # the TpPlan's key
+    number: int  # forwards in this grad mode before this one
+    grad: bool
+    data: bool  # the input came from outside the model (no autograd history)
+    rows: int
+    fingerprint: list[float]  # one number per sample (the first MAX_ROWS)
+
+
+# -- probes/pipeline.py --------------------------------------------------------------------
+
+
+class PipelineSchedule(Event):
+    """A pipeline schedule was made (ScheduleGPipe, Schedule1F1B, ...)."""
+
+    key: int  # schedules made on this rank before it, plus one: the same on every rank
+    schedule: str  # its class
+    n_microbatches: int
+    scale_grads: bool
+    loss: str  # the loss function's name, "" without one
+    reduction: str  # "mean", "sum", "none"; "" when the loss function does not say
+
+
+class PipelineStep(Event):
+    """One step() of a pipeline schedule on this rank (the first few, and later ones whose
+    batch size changed); `losses` is filled in when step() returns."""
+
+    schedule: int  # the PipelineSchedule's key
+    number: int  # steps of this schedule before this one
+    stages: int  # the pipeline's number of stages
+    stage: int  # this rank's (first) stage index
+    last: bool  # this rank holds the last stage
+    rows: int  # the batch size of the first positional input, -1 without one
+    losses_given: bool  # a `losses` list was passed
+    losses: NotRequired[int]  # its length after step() returned
+
+
 # -- record.py -----------------------------------------------------------------------------
 
 
@@ -305,6 +359,9 @@ EVENTS: dict[str, Kind] = {
     "load": Kind(Load, "checkpoint"), "load_state_dict": Kind(LoadStateDict, "checkpoint"),
     "spawn": Kind(Spawn, "process"), "exit": Kind(Exit, "process"),
     "gpu_query": Kind(GpuQuery, "gpu"), "init_process_group": Kind(InitProcessGroup, "gpu"),
+    "tp_plan": Kind(TpPlan, "tensor_parallel"), "tp_input": Kind(TpInput, "tensor_parallel"),
+    "pipeline_schedule": Kind(PipelineSchedule, "pipeline"),
+    "pipeline_step": Kind(PipelineStep, "pipeline"),
     "probe_error": Kind(ProbeError, "record"),
 }
 KIND_OF: dict[type[Event], str] = {kind.schema: name for name, kind in EVENTS.items()}

@@ -6,13 +6,24 @@ fails to import is an error, never a rule silently left out.
 
 from __future__ import annotations
 
-from course_lib.xray.detectors import amp, checkpoint, data, desync, evaluation, model, output
+from course_lib.xray.detectors import (
+    amp,
+    checkpoint,
+    data,
+    desync,
+    evaluation,
+    model,
+    output,
+    pipeline,
+    tensor_parallel,
+)
 from course_lib.xray.events import EVENTS, KIND_OF, ProbeError
 from course_lib.xray.report import Checked, Finding, Report, Unjudged
 from course_lib.xray.rules import RULES, Rule
 from course_lib.xray.run_events import RunEvents
 
-AREAS = (data, evaluation, output, desync, model, checkpoint, amp)  # the report's order
+AREAS = (data, evaluation, output, desync, model, checkpoint, amp, tensor_parallel,
+         pipeline)  # the report's order
 
 
 def in_report_order() -> list[Rule]:

@@ -1,5 +1,6 @@
-"""Detector: the training data: every rank reading the same samples (P03), the same order
-every epoch (P04), shuffle=True beside a sampler (P18), uneven batches across ranks (P20)."""
+"""Detector: the training data: replicas reading the same samples (P03; the ranks of one
+tensor-parallel group must), the same order every epoch (P04), shuffle=True beside a
+sampler (P18), uneven batches across ranks (P20)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from course_lib.xray.detectors.passes import (
     samples,
     training,
 )
-from course_lib.xray.events import Join, Loader, Pass, Sampler, SetEpoch
+from course_lib.xray.detectors.tensor_parallel import tp_groups
+from course_lib.xray.events import Join, Loader, Pass, Sampler, SetEpoch, TpPlan
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
 from course_lib.xray.run_events import RunEvents
@@ -31,6 +33,18 @@ def _no_training(run: RunEvents) -> str:
 
 def _no_training_across_ranks(run: RunEvents) -> str:
     return _no_training(run) or ("one rank only" if run.world_size < 2 else "")
+
+
+def _one_replica(run: RunEvents) -> str:
+    """P03's reason: no training across ranks, or every rank in one tensor-parallel group
+    (one replica, whose ranks must read the same samples: TP4 judges them)."""
+    groups = tp_groups(run)
+    if _no_training_across_ranks(run) or len(groups) < run.world_size:
+        return _no_training_across_ranks(run)
+    if all(len(g) >= run.world_size for g in groups.values()):
+        return ("every rank is in one tensor-parallel group, whose ranks must read the same "
+                "samples (TP4)")
+    return ""
 
 
 def _no_second_epoch(run: RunEvents) -> str:
@@ -61,14 +75,18 @@ def _error_text(run: RunEvents) -> str:
 
 # -- P03 ----------------------------------------------------------------------------------------
 
-@rule("P03", needs=(Pass, Sampler), unjudged=_no_training_across_ranks,
-      absent="no two ranks read the same samples in the first training pass over a loader")
+@rule("P03", needs=(Pass, Sampler, TpPlan), unjudged=_one_replica,
+      absent="no two replicas (ranks, or tensor-parallel groups) read the same samples in the "
+             "first training pass over a loader")
 def _p03(run: RunEvents) -> Finding | None:
+    if _one_replica(run):
+        return None
+    peers = tp_groups(run)
     for group in grouped(run):
         passes = [group[r] for r in sorted(group)]
         if not all(training(p) for p in passes):
             continue
-        twins, evidence = _twins(group)
+        twins, evidence = _twins(group, peers)
         if evidence:
             return finding("P03", f"{words.ranks(twins)} {evidence} in {epoch(passes[0])}"
                                   f"{_unused_sampler(run)}", loader_line(passes[0]))
@@ -76,12 +94,14 @@ def _p03(run: RunEvents) -> Finding | None:
     return None
 
 
-def _twins(group: dict[int, Pass]) -> tuple[list[int], str]:
-    """The first ranks that read the same data as another rank, and the evidence: all ranks
-    alike, or only some (a sampler told another world size: ranks 0 and 2 of 4 alike)."""
+def _twins(group: dict[int, Pass], peers: dict[int, tuple[int, ...]]) -> tuple[list[int], str]:
+    """The first ranks that read the same data as another rank outside its tensor-parallel
+    group (`peers`; a rank without one is its own), and the evidence: all ranks alike, or
+    only some (a sampler told another world size: ranks 0 and 2 of 4 alike)."""
     ranks = sorted(group)
     for r in ranks:
-        twins = [s for s in ranks if s == r or _same_samples([group[r], group[s]])]
+        twins = [s for s in ranks if s == r or (s not in peers.get(r, (r,))
+                                                and _same_samples([group[r], group[s]]))]
         if len(twins) > 1:
             evidence = _same_samples([group[s] for s in twins])
             if not evidence:  # alike in pairs, not all together: name one pair

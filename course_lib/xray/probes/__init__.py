@@ -20,11 +20,13 @@ from course_lib.xray.probes import (
     gpu,
     optim,
     output,
+    pipeline,
     process,
+    tensor_parallel,
 )
 
 PROBES: tuple[ModuleType, ...] = (data, output, collectives, ddp, optim, checkpoint, amp, process,
-                                  gpu)  # install order
+                                  gpu, tensor_parallel, pipeline)  # install order
 
 _installed: set[str] = set()
 

@@ -184,21 +184,21 @@ def _next(real: Any) -> Any:
 
 
 def _note_batch(current: dict[str, Any], data: Any) -> None:
-    rows = _first_tensor(data)
+    rows = first_tensor(data)
     current["sizes"].append(int(rows.shape[0]) if rows is not None else 1)
-    current["fingerprints"].append(_fingerprint(rows))
+    current["fingerprints"].append(fingerprint(rows))
     current["end"] = time.monotonic()
     _state["current"] = current
 
 
-def _first_tensor(data: Any) -> torch.Tensor | None:
+def first_tensor(data: Any) -> torch.Tensor | None:
     """The batch's first tensor with a batch dimension (inputs first, as a loop unpacks)."""
     if isinstance(data, torch.Tensor):
         return data if data.dim() >= 1 else None
     items = data.values() if isinstance(data, dict) else data
     if isinstance(items, (list, tuple)) or isinstance(data, dict):
         for item in items:
-            found = _first_tensor(item)
+            found = first_tensor(item)
             if found is not None:
                 return found
     return None
@@ -207,7 +207,7 @@ def _first_tensor(data: Any) -> torch.Tensor | None:
 FINGERPRINT_VALUES = 1024  # values per sample summed, spread over the sample (big inputs)
 
 
-def _fingerprint(rows: torch.Tensor | None) -> list[float]:
+def fingerprint(rows: torch.Tensor | None) -> list[float]:
     """One number per sample: the sum of up to FINGERPRINT_VALUES of its values, evenly
     spaced (the same sample gives the same number; different ones almost never do)."""
     if rows is None or not (rows.is_floating_point() or rows.dtype in (torch.int64, torch.int32)):

@@ -1,0 +1,38 @@
+# expect: PP4
+"""A model cut into 2 pipeline stages, its logging line kept from the data-parallel
+script: rank 0 prints the step's mean loss. Under pipelining the loss function runs only
+on the last stage, so rank 0's losses list is empty after step() and torch.stack fails."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+dist.init_process_group("gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+layers = [nn.Sequential(nn.Linear(16, 16), nn.Tanh()) for _ in range(4)] + [nn.Linear(16, 1)]
+per_stage = 4 // world_size
+first = rank * per_stage
+last = len(layers) if rank == world_size - 1 else first + per_stage
+stage_module = nn.Sequential(*layers[first:last])
+
+stage = PipelineStage(stage_module, rank, world_size, torch.device("cpu"))
+schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=F.mse_loss)
+optimizer = torch.optim.SGD(stage_module.parameters(), lr=0.05)
+
+generator = torch.Generator().manual_seed(1)
+for step in range(3):
+    x = torch.randn(32, 16, generator=generator)
+    y = x[:, :4].sum(1, keepdim=True).sin()
+    optimizer.zero_grad()
+    losses = []
+    if stage.is_first:
+        schedule.step(x, losses=losses)
+    elif stage.is_last:
+        schedule.step(target=y, losses=losses)
+    else:
+        schedule.step()
+    optimizer.step()
+    if rank == 0:
+        print(f"step {step}: loss {torch.stack(losses).mean().item():.4f}")
