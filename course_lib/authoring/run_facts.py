@@ -36,7 +36,8 @@ DOCTOR_BLOCK = ("<!-- doctor:start -->", "<!-- doctor:end -->")
 # benchmark (benchmarks/NAME.py) -> how the README shows its output: as printed ("markdown":
 # it prints tables) or in a text block; all of it, or its last paragraph (its summary).
 BENCHES = {"launch": ("markdown", "all"), "telemetry": ("markdown", "all"),
-           "xray": ("text", "all"), "xray_cases": ("text", "last")}
+           "xray": ("text", "all"), "xray_cases": ("text", "last"),
+           "widget_stall": ("markdown", "all")}
 
 
 def bench_markers(name: str) -> tuple[str, str]:
