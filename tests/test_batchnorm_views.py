@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from course_lib.plots import explore
 from course_lib.teach import batchnorm_views
 from course_lib.teach.batchnorm_views import (
     batch_size_explorer,
@@ -57,7 +58,8 @@ def test_the_eval_statistics_figure_shows_each_mean_it_is_given():
 
 def test_the_explorer_redraws_the_chosen_size_from_the_stored_results(monkeypatch):
     shown = []
-    monkeypatch.setattr(batchnorm_views, "display", shown.append)
+    monkeypatch.setattr(batchnorm_views, "display", shown.append)  # the first view
+    monkeypatch.setattr(explore, "display", shown.append)  # what the slider redraws
     by_size = {n: [per_rank_shares(n, seed=1)] for n in (2, 16)}
     slider, _ = batch_size_explorer(by_size).children
     assert list(slider.options) == [2, 16]
