@@ -196,7 +196,7 @@ def _train_in_parallel(probe: str) -> None:
 
     _break(probe)
     torch.manual_seed(0)
-    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1), nn.Dropout(0.1))
     model = parallelize_module(mlp, init_device_mesh("cpu", (2,)),
                                {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -274,9 +274,9 @@ def test_a_parallel_run_s_events_match_their_schemas() -> None:
     assert report.run is not None and report.failure is None, str(report)
     events = [e for extras in report.run.extras for e in extras[COLLECTOR]]
     assert [mismatch(e) for e in events if mismatch(e)] == []
-    assert {"tp_plan", "tp_input", "pipeline_schedule", "pipeline_step"} <= {
-        e["kind"] for e in events}
-    assert {c.id for c in report.checked} >= {"TP4", "PP5", "PP4"}
+    assert {"tp_plan", "tp_input", "seed", "tp_dropout", "pipeline_schedule",
+            "pipeline_step"} <= {e["kind"] for e in events}
+    assert {c.id for c in report.checked} >= {"TP4", "TP5", "PP1", "PP5", "PP4"}
 
 
 def _uninstallable(probe: str, fn) -> object:
@@ -302,7 +302,8 @@ def test_a_parallel_probe_that_cannot_be_installed_leaves_its_rules_not_judged(p
     report = run_all(RunEvents.from_run(2, run))
     reason = (f"the x-ray's {probe} probe could not be installed on this torch (ImportError: "
               f"cannot import name 'api' (a torch without {probe}))")
-    fed = {"tensor_parallel": {"P03", "TP4", "TP8"}, "pipeline": {"PP5", "PP4"}}[probe]
+    fed = {"tensor_parallel": {"P03", "TP4", "TP8", "TP5"},
+           "pipeline": {"PP1", "PP5", "PP4"}}[probe]
     assert set(_writers(probe)) == fed
     assert {u.id for u in report.not_checked if u.reason == reason} == fed
 

@@ -314,7 +314,7 @@ def _tp_plan(group: list[int], shape: list[int] | None = None,
 
 def _fed(values: list[float], number: int = 0, data: bool = True) -> dict:
     return _ev("tp_input", plan="train.py:30#1", number=number, grad=True, data=data,
-               rows=len(values), fingerprint=values)
+               rows=len(values), fingerprint=values, layout="")
 
 
 def test_tp4_ranks_of_one_group_fed_different_inputs() -> None:
@@ -326,12 +326,53 @@ def test_tp4_ranks_of_one_group_fed_different_inputs() -> None:
     assert [(f.id, f.where) for f in findings] == [("TP4", "train.py:7")]
     assert "rank 0 fed values [1, 2]" in findings[0].evidence
     assert _found(tensor_parallel, _run([plan, _fed([1.0, 2.0])], [plan, _fed([1.0, 2.0])])) == []
+    # a plan that lays the input out sharded over the group (PrepareModuleInput) feeds each
+    # rank its own share on purpose: its batches are not compared
+    sharded = {**_fed([], data=False), "layout": "(Shard(dim=0),)"}
+    other = _run([plan, sharded, _pass(0, [0, 1], "t.py:5")], [plan, sharded,
+                                                                _pass(0, [2, 3], "t.py:5")])
+    assert _found(tensor_parallel, other) == []
     # an activation (autograd history) is not the data: dropout may differ there (TP5)
     inner = _run([plan, _fed([1.0], data=False)], [plan, _fed([2.0], data=False)])
     assert _found(tensor_parallel, inner) == []
     assert RULES["TP4"].verdict(inner) == Unjudged("TP4", (
         "no forward of the parallelized model and no training pass over a DataLoader ran on "
         "every rank of a tensor-parallel group"))
+
+
+def test_tp4_names_the_seeds_that_made_different_inputs() -> None:
+    from course_lib.xray.detectors import tensor_parallel
+
+    plan = _tp_plan([0, 1])
+
+    def seeded(value: int) -> dict:
+        event = _ev("seed", value=value)
+        event["where"] = "train.py:30"
+        return event
+    found = _found(tensor_parallel, _run([plan, seeded(1234), _fed([1.0])],
+                                         [plan, seeded(1235), _fed([2.0])]))
+    assert [(f.id, f.where) for f in found] == [("TP4", "train.py:30")]
+    assert "torch.manual_seed at train.py:30: 1234 on rank 0, 1235 on rank 1" in found[0].evidence
+
+
+def _dropped(values: list[float], rng: int) -> dict:
+    return _ev("tp_dropout", number=0, p=0.1, fingerprint=values, rng=rng)
+
+
+def test_tp5_different_masks_on_an_activation_the_group_holds_alike() -> None:
+    """Only where the dropout's input is the same on the ranks (a replicated activation);
+    inside the sharded layers each rank's slice differs, and so may its mask."""
+    from course_lib.xray.detectors import tensor_parallel
+
+    plan = _tp_plan([0, 1])
+    assert _ids(tensor_parallel, _run([plan, _dropped([1.0, 2.0], 7)],
+                                      [plan, _dropped([1.0, 2.0], 8)])) == [("TP5", "confirmed")]
+    assert _ids(tensor_parallel, _run([plan, _dropped([1.0, 2.0], 7)],
+                                      [plan, _dropped([1.0, 2.0], 7)])) == []
+    sharded = _run([plan, _dropped([1.0, 2.0], 7)], [plan, _dropped([3.0, 4.0], 8)])
+    assert _ids(tensor_parallel, sharded) == []
+    assert RULES["TP5"].verdict(_run([plan], [plan])) == Unjudged(
+        "TP5", "no dropout ran in training after parallelize_module")
 
 
 def test_tp4_reads_the_training_batches_when_the_model_was_fed_activations() -> None:
@@ -397,7 +438,20 @@ def test_pp5_scale_grads_false_with_a_loss_that_averages() -> None:
     assert _ids(pipeline, run(_schedule(True, "mean"))) == []
     assert _ids(pipeline, run(_schedule(False, ""))) == []  # the learner's own loss: unknown
     assert _ids(pipeline, run(_schedule(False, "sum"))) == []
-    assert _ids(pipeline, run(_schedule(False, "mean", m=1))) == []
+    assert ("PP5", "confirmed") not in _ids(pipeline, run(_schedule(False, "mean", m=1)))
+
+
+def test_pp1_gpipe_with_fewer_micro_batches_than_stages() -> None:
+    from course_lib.xray.detectors import pipeline
+
+    def run(m: int, schedule: str = "ScheduleGPipe") -> RunEvents:
+        made = {**_schedule(True, "mean", m=m), "schedule": schedule}
+        steps = [{**_pipe_step(r == 3, 0), "stages": 4, "stage": r} for r in range(4)]
+        return _run(*[[made, step] for step in steps])
+    findings = _found(pipeline, run(2))
+    assert [f.id for f in findings] == ["PP1"] and "3/5 = 60%" in findings[0].evidence
+    assert _found(pipeline, run(4)) == [] and _found(pipeline, run(8)) == []
+    assert _found(pipeline, run(2, "ScheduleInterleaved1F1B")) == []  # another formula
 
 
 def test_the_pipeline_probe_reads_a_loss_function_s_reduction() -> None:

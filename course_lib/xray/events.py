@@ -295,7 +295,24 @@ class TpInput(Event):
     grad: bool
     data: bool  # the input came from outside the model (no autograd history)
     rows: int
-    fingerprint: list[float]  # one number per sample (the first MAX_ROWS)
+    fingerprint: list[float]  # one number per sample (the first MAX_ROWS); [] for a DTensor
+    layout: str  # a DTensor input's placements ("(Shard(dim=0),)"), "" for a local tensor
+
+
+class Seed(Event):
+    """torch.manual_seed(value) was called (the first few calls)."""
+
+    value: int
+
+
+class TpDropout(Event):
+    """A dropout in training, after a module was parallelized on this rank: its input and
+    the random generator's state it drew the mask from (the first calls at each line)."""
+
+    number: int  # calls at this line before this one
+    p: float
+    fingerprint: list[float]  # the input, one number per sample (the first MAX_ROWS)
+    rng: int  # a checksum of the generator's state
 
 
 # -- probes/pipeline.py --------------------------------------------------------------------
@@ -360,6 +377,7 @@ EVENTS: dict[str, Kind] = {
     "spawn": Kind(Spawn, "process"), "exit": Kind(Exit, "process"),
     "gpu_query": Kind(GpuQuery, "gpu"), "init_process_group": Kind(InitProcessGroup, "gpu"),
     "tp_plan": Kind(TpPlan, "tensor_parallel"), "tp_input": Kind(TpInput, "tensor_parallel"),
+    "seed": Kind(Seed, "tensor_parallel"), "tp_dropout": Kind(TpDropout, "tensor_parallel"),
     "pipeline_schedule": Kind(PipelineSchedule, "pipeline"),
     "pipeline_step": Kind(PipelineStep, "pipeline"),
     "probe_error": Kind(ProbeError, "record"),

@@ -1,5 +1,5 @@
 # expect: none
-# checks: PP5 PP4
+# checks: PP1 PP5 PP4
 """A model cut into 2 pipeline stages, trained with ScheduleGPipe as the documentation
 shows it: a mean loss per micro-batch and the schedule's default scale_grads=True, which
 divides the summed gradients by the number of micro-batches once; the loss is logged on

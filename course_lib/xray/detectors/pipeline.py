@@ -1,6 +1,6 @@
-"""Detector: pipeline parallelism: micro-batch gradients added up and never divided (PP5),
-and the loss read on a rank whose stage is not the last (PP4), from the pipeline probe's
-schedules and steps."""
+"""Detector: pipeline parallelism: fewer micro-batches than stages (PP1), micro-batch
+gradients added up and never divided (PP5), and the loss read on a rank whose stage is not
+the last (PP4), from the pipeline probe's schedules and steps."""
 
 from __future__ import annotations
 
@@ -17,6 +17,28 @@ EMPTY_LOSSES = ("stack expects a non-empty TensorList", "division by zero",
 
 def _no_step(run: RunEvents) -> str:
     return "" if run.of(PipelineStep) else "no pipeline schedule's step() ran"
+
+
+# -- PP1 ----------------------------------------------------------------------------------------
+
+@rule("PP1", needs=(PipelineSchedule, PipelineStep), unjudged=_no_step,
+      absent="no GPipe schedule stepped with fewer micro-batches than pipeline stages")
+def _pp1(run: RunEvents) -> Finding | None:
+    """ScheduleGPipe (one stage per rank) with m < p: each rank idles (p - 1) / (m + p - 1)
+    of every step, more than half. (Schedule1F1B refuses m < p itself.)"""
+    stages = {(rank, e["schedule"]): e["stages"] for rank, e in run.of(PipelineStep)}
+    for rank, e in run.of(PipelineSchedule):
+        p, m = stages.get((rank, e["key"]), 0), e["n_microbatches"]
+        if e["schedule"] != "ScheduleGPipe" or not 0 < m < p:
+            continue
+        return finding("PP1", f"{e['schedule']} ran {p} stages with n_microbatches={m}: by its "
+                              f"schedule each rank idles (p - 1) / (m + p - 1) = {p - 1}/"
+                              f"{m + p - 1} = {(p - 1) / (m + p - 1):.0%} of every step (the "
+                              f"bubble, before any time in sends and receives); give "
+                              f"it at least {p} micro-batches, better several times more "
+                              f"({4 * p} would leave {(p - 1) / (4 * p + p - 1):.0%})",
+                       e["where"])
+    return None
 
 
 # -- PP5 ----------------------------------------------------------------------------------------
@@ -63,6 +85,8 @@ def _pp4(run: RunEvents) -> Finding | None:
             continue
         e = mine[-1]
         frame = learner_frame(f)
+        if frame is not None and frame.source and "loss" not in frame.source.lower():
+            continue  # a line that reads no loss failed for some other reason
         at = f" at {frame.where}" if frame else ""
         held = [s.get("losses") for r, s in steps if r in last[:1] and "losses" in s]
         got = f" (rank {last[0]}'s held {held[-1]})" if held and last else ""

@@ -1,5 +1,6 @@
 """Detector: tensor parallelism: the ranks of one tensor-parallel group fed different data
-(TP4), and on a 2-D mesh, read by the global rank instead of the data-parallel one (TP8).
+(TP4), and on a 2-D mesh, read by the global rank instead of the data-parallel one (TP8);
+different dropout masks on an activation the group holds alike (TP5).
 
 A tensor-parallel group is the mesh that parallelize_module was given (events.TpPlan): its
 ranks compute one forward together, so each must be fed the same batch. What they were fed
@@ -14,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from course_lib.xray.detectors.passes import loader_line, training
-from course_lib.xray.events import Pass, Sampler, TpInput, TpPlan
+from course_lib.xray.events import Pass, Sampler, Seed, TpDropout, TpInput, TpPlan
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
 from course_lib.xray.run_events import RunEvents
@@ -79,7 +80,7 @@ def _no_2d_mesh(run: RunEvents) -> str:
 
 # -- TP4 and TP8 --------------------------------------------------------------------------------
 
-@rule("TP4", needs=(TpPlan, TpInput, Pass, Sampler), unjudged=_nothing_compared,
+@rule("TP4", needs=(TpPlan, TpInput, Pass, Sampler, Seed), unjudged=_nothing_compared,
       absent="no two ranks of one tensor-parallel group were fed different inputs (the "
              "parallelized model's first forwards, or their first training batches)")
 def _tp4(run: RunEvents) -> Finding | None:
@@ -97,7 +98,8 @@ def _tp4(run: RunEvents) -> Finding | None:
                    split.where)
 
 
-@rule("TP8", needs=(TpPlan, TpInput, Pass, Sampler), unjudged=_no_2d_mesh, hides=("TP4",),
+@rule("TP8", needs=(TpPlan, TpInput, Pass, Sampler, Seed), unjudged=_no_2d_mesh,
+      hides=("TP4",),
       absent="no two ranks of one tensor-parallel group of a 2-D mesh were fed different "
              "inputs (first forwards, or first training batches)")
 def _tp8(run: RunEvents) -> Finding | None:
@@ -122,6 +124,9 @@ def _tp8(run: RunEvents) -> Finding | None:
 
 def _tp4_fix(split: Split) -> str:
     """What gives the group one batch, for where this one came from."""
+    if split.source.startswith("torch.manual_seed"):
+        return (" (the same seed on every rank of the group; a per-replica seed comes from the "
+                "data-parallel rank)")
     if split.source.startswith("DistributedSampler"):
         return (" (the group is one data-parallel replica: DistributedSampler(num_replicas=1, "
                 "rank=0) when every rank is in it)")
@@ -151,7 +156,7 @@ def _split(run: RunEvents) -> Split | None:
     parallelized module's inputs when it was fed data, else by their training batches."""
     plans = _first_plans(run)
     for group in sorted({g for g in tp_groups(run).values() if len(g) >= 2}):
-        if any(r not in plans for r in group):
+        if any(r not in plans for r in group) or _sharded_on_purpose(run, group):
             continue
         verdict, a, b, step = _input_verdict(run, group)
         if verdict == "same":
@@ -163,6 +168,12 @@ def _split(run: RunEvents) -> Split | None:
             return _explained(run, plans[batch[0]], batch[0], batch[1], (True, batch[2]),
                               batch)
     return None
+
+
+def _sharded_on_purpose(run: RunEvents, group: tuple[int, ...]) -> bool:
+    """The plan itself declares a parallelized module's input sharded over the group
+    (PrepareModuleInput(input_layouts=Shard(...))): each rank may read its own share."""
+    return any("Shard" in e["layout"] for r, e in run.of(TpInput) if r in group)
 
 
 def _input_verdict(run: RunEvents,
@@ -227,9 +238,11 @@ def _explained(run: RunEvents, plan: TpPlan, a: int, b: int, step: tuple[bool, i
         fed = {r: e for r, e in run.of(TpInput) if r in (a, b) and e["data"]
                and (e["grad"], e["number"]) == step}
         read = ", ".join(f"rank {r} fed values {_shown(fed[r]['fingerprint'])}"
-                         for r in (a, b) if r in fed)
-        return Split(plan, a, b, step[1], step[0], read + " (one number per sample)", "",
-                     fed[a]["where"] if a in fed else plan["where"])
+                         for r in (a, b) if r in fed) + " (one number per sample)"
+        if a not in fed or b not in fed:
+            return Split(plan, a, b, step[1], step[0], read, "", plan["where"])
+        seeded, where = _seeds(run, (a, fed[a]["t"]), (b, fed[b]["t"]))
+        return Split(plan, a, b, step[1], step[0], read, seeded, where or fed[a]["where"])
     passes = _passes_of(run, tuple(sorted({a, b})))
     k = batch[2]
     read = (f"rank {a} read samples {_shown(_indices(passes[a], k))}, rank {b} "
@@ -257,8 +270,69 @@ def _source(run: RunEvents, passes: dict[int, Pass], a: int, b: int) -> str:
             f"rank {a}, rank={sb['rank']} on rank {b}{world}")
 
 
+def _seeds(run: RunEvents, a: tuple[int, float], b: tuple[int, float]) -> tuple[str, str]:
+    """The seeds two ranks last gave torch.manual_seed before the times given, in words,
+    and the line of rank a's, when they differ (else "", "")."""
+    last = {}
+    for rank, before in (a, b):
+        seeds = [e for r, e in run.of(Seed) if r == rank and e["t"] <= before]
+        if not seeds:
+            return "", ""
+        last[rank] = seeds[-1]
+    sa, sb = last[a[0]], last[b[0]]
+    if sa["value"] == sb["value"]:
+        return "", ""
+    at = sa["where"] if sa["where"] == sb["where"] else f"{sa['where']} and {sb['where']}"
+    return (f"torch.manual_seed at {at}: {sa['value']} on rank {a[0]}, {sb['value']} on rank "
+            f"{b[0]}"), sa["where"]
+
+
 def _fix_line(run: RunEvents, rank: int, p: Pass) -> str:
     """Where the DistributedSampler of this pass was made, else where its loader was."""
     made = [e["where"] for r, e in run.of(Sampler) if r == rank and e["key"] == p["sampler_key"]]
     return made[0] if made and p["distributed"] else loader_line(p)
 
+
+
+# -- TP5 ----------------------------------------------------------------------------------------
+
+def _no_dropout(run: RunEvents) -> str:
+    if _no_group(run):
+        return _no_group(run)
+    return "" if run.of(TpDropout) else "no dropout ran in training after parallelize_module"
+
+
+@rule("TP5", needs=(TpPlan, TpDropout, Seed), unjudged=_no_dropout,
+      absent="no dropout drew different masks on the ranks of one tensor-parallel group for "
+             "an activation they held alike")
+def _tp5(run: RunEvents) -> Finding | None:
+    """A dropout whose input was the same on the ranks of one group (a replicated
+    activation, outside the sharded layers) while their random generators differed: each
+    rank dropped other units of one activation. Inside the sharded layers each rank's slice
+    differs, and so may its mask."""
+    calls: dict[tuple[str, int], dict[int, TpDropout]] = defaultdict(dict)
+    for rank, e in run.of(TpDropout):
+        calls[(e["where"], e["number"])][rank] = e
+    plans = _first_plans(run)
+    for group in sorted({g for g in tp_groups(run).values() if len(g) >= 2}):
+        for by_rank in sorted(calls.values(), key=lambda c: min(e["t"] for e in c.values())):
+            if any(r not in by_rank for r in group) or group[0] not in plans:
+                continue
+            first = by_rank[group[0]]
+            for r in group[1:]:
+                e = by_rank[r]
+                if e["fingerprint"] == first["fingerprint"] and e["rng"] != first["rng"]:
+                    return _tp5_finding(run, plans[group[0]], group[0], r, first, e)
+    return None
+
+
+def _tp5_finding(run: RunEvents, plan: TpPlan, a: int, b: int, ea: TpDropout,
+                 eb: TpDropout) -> Finding:
+    seeded, where = _seeds(run, (a, ea["t"]), (b, eb["t"]))
+    return finding("TP5", f"ranks {a} and {b}, one tensor-parallel group (parallelize_module at "
+                          f"{plan['where']}), drew different masks in the dropout at "
+                          f"{ea['where']} (p={ea['p']:g}): its input was the same on both (an "
+                          f"activation every rank of the group holds whole), their random "
+                          f"generators were not{_from(seeded)}; outside the sharded layers "
+                          "every rank of the group must draw the same mask: seed them alike "
+                          "(a per-replica seed from the data-parallel rank)", where or ea["where"])

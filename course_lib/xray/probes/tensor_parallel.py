@@ -10,6 +10,12 @@ together, so they must be fed the same inputs (TP4, TP8).
 A function shipped from a notebook keeps the parallelize_module it was pickled with (the
 real one: the probes are installed after it arrives), so each parallel style's `_apply`,
 which every call reaches, is wrapped too: a call seen only there is noted there.
+
+Also wraps torch.manual_seed (each seed, with its line) and, once a module was
+parallelized on this rank, F.dropout (which nn.Dropout calls): for its first training
+calls at each line, a fingerprint of its input and of the random generator it draws its
+mask from. A replicated activation (the same on every rank of a group) must get the same
+mask on each (TP5).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import zlib
 from types import FrameType
 from typing import Any
 
@@ -26,18 +33,23 @@ from course_lib.xray import record
 from course_lib.xray.probes.data import fingerprint, first_tensor
 from course_lib.xray.probes.patching import Patch, apply
 
-MAX_FORWARDS = 4  # per parallelized module and grad mode: the first forwards are noted
+MAX_FORWARDS = 4  # noted per parallelized module and grad mode, and per dropout line
 MAX_ROWS = 64  # samples per fingerprint
 MAX_KEYS = 8  # plan keys kept
+MAX_SEEDS = 16  # torch.manual_seed calls noted (a seed per step would be many)
+MAX_DROPOUTS = 32  # dropout calls noted over the run (each looks up its line)
 
 _CALL = getattr(getattr(torch.nn.Module, "_call_impl", None), "__code__", None)
-_state = {"depth": 0}  # calls nest (a plan's keys, a style's _apply): note the outermost
+# depth: calls nest (a plan's keys in a style's _apply), the outermost is noted; plans:
+# modules parallelized on this rank so far; seeds, dropouts: events noted so far
+_state = {"depth": 0, "plans": 0, "seeds": 0, "dropouts": 0}
 _at_line: dict[str, int] = {}  # calls made at each line, to match them across ranks
+_dropouts: dict[str, int] = {}  # training dropout calls noted per line
 
 
 def patches() -> list[Patch]:
-    """parallelize_module, where torch defines it and where learners import it from, and
-    the _apply of each parallel style torch defines."""
+    """parallelize_module, where torch defines it and where learners import it from, the
+    _apply of each parallel style torch defines, torch.manual_seed and F.dropout."""
     from torch.distributed.tensor import parallel
     from torch.distributed.tensor.parallel import api, style
 
@@ -46,7 +58,10 @@ def patches() -> list[Patch]:
               and "_apply" in cls.__dict__]
     return [Patch(api, "parallelize_module", _parallelize),
             Patch(parallel, "parallelize_module", _parallelize),
-            *(Patch(cls, "_apply", _style_apply) for cls in styles)]
+            *(Patch(cls, "_apply", _style_apply) for cls in styles),
+            Patch(torch, "manual_seed", _manual_seed),
+            Patch(torch.random, "manual_seed", _manual_seed),
+            Patch(torch.nn.functional, "dropout", _dropout)]
 
 
 def install() -> None:
@@ -97,6 +112,7 @@ def _note_plan(module: Any, mesh: Any, plan: list[str]) -> None:
     _at_line[where] = _at_line.get(where, 0) + 1
     key = f"{where}#{_at_line[where]}"
     root = mesh._get_root_mesh() if hasattr(mesh, "_get_root_mesh") else mesh
+    _state["plans"] += 1
     record.note("tp_plan", where, key=key, group=[int(r) for r in mesh.mesh.flatten().tolist()],
                 dim=(mesh.mesh_dim_names or ("",))[0],
                 mesh_shape=[int(n) for n in root.mesh.shape],
@@ -108,18 +124,27 @@ def _note_plan(module: Any, mesh: Any, plan: list[str]) -> None:
 
 def _fed(key: str, counts: dict[bool, int], module: Any, args: Any, kwargs: Any) -> None:
     """A forward pre-hook: what this rank fed the parallelized module (its first forwards
-    in each grad mode); a DTensor input is left alone (reading it would communicate)."""
+    in each grad mode); of a DTensor input (the plan laid it out) only its placements:
+    reading its values would communicate."""
     with record.guard(probe="tensor_parallel"):
         grad = torch.is_grad_enabled()
         if counts[grad] >= MAX_FORWARDS:
             return
         counts[grad] += 1
         rows = first_tensor((args, kwargs))
-        if rows is None or type(rows) is not torch.Tensor:
+        if rows is None:
             return
+        local = _local(rows)
         record.note("tp_input", plan=key, number=counts[grad] - 1, grad=grad,
-                    data=_from_outside(rows), rows=int(rows.shape[0]),
-                    fingerprint=fingerprint(rows[:MAX_ROWS]))
+                    data=local and _from_outside(rows), rows=int(rows.shape[0]),
+                    fingerprint=fingerprint(rows[:MAX_ROWS]) if local else [],
+                    layout="" if local else str(getattr(rows, "placements", "")))
+
+
+def _local(t: Any) -> bool:
+    """A tensor this rank holds whole (a plain one, or the wrapper of an all-reduce's result
+    that RowwiseParallel hands back), not a DTensor: reading a DTensor would communicate."""
+    return isinstance(t, torch.Tensor) and not hasattr(t, "placements")
 
 
 def _from_outside(rows: torch.Tensor) -> bool:
@@ -136,3 +161,48 @@ def _from_outside(rows: torch.Tensor) -> bool:
         return False
     given = outermost.f_locals
     return first_tensor((given.get("args", ()), given.get("kwargs", {}))) is rows
+
+
+def _manual_seed(real: Any) -> Any:
+    @functools.wraps(real)
+    def manual_seed(seed: Any) -> Any:
+        with record.guard(probe="tensor_parallel"):
+            where = record.where(2) if _state["seeds"] < MAX_SEEDS and not _in_worker() else ""
+            if where:  # "" from torch's own calls too
+                _state["seeds"] += 1
+                record.note("seed", where, value=int(seed))
+        return real(seed)
+    return manual_seed
+
+
+def _dropout(real: Any) -> Any:
+    @functools.wraps(real)
+    def dropout(input: Any, p: float = 0.5, training: bool = True, *args: Any,
+                **kwargs: Any) -> Any:
+        if _state["plans"] and _state["dropouts"] < MAX_DROPOUTS and training and p > 0 \
+                and not _in_worker():
+            with record.guard(probe="tensor_parallel"):
+                _note_dropout(input, p)
+        return real(input, p, training, *args, **kwargs)
+    return dropout
+
+
+def _in_worker() -> bool:
+    """In a DataLoader worker process (its seed, its augmentation): not the rank's own."""
+    return torch.utils.data.get_worker_info() is not None
+
+
+def _note_dropout(rows: Any, p: float) -> None:
+    """A dropout in training after a module was parallelized: its input and the state of
+    the generator its mask comes from (the first calls at each line)."""
+    where = record.where(3)
+    number = _dropouts.get(where, 0)
+    if number >= MAX_FORWARDS or not _local(rows) or rows.dim() < 1:
+        return
+    _dropouts[where] = number + 1
+    _state["dropouts"] += 1
+    state = (torch.cuda.get_rng_state(rows.device) if rows.is_cuda
+             else torch.get_rng_state())
+    record.note("tp_dropout", where, number=number, p=float(p),
+                fingerprint=fingerprint(rows[:MAX_ROWS]),
+                rng=zlib.crc32(bytes(state.tolist())))
