@@ -276,7 +276,7 @@ def test_a_parallel_run_s_events_match_their_schemas() -> None:
     assert [mismatch(e) for e in events if mismatch(e)] == []
     assert {"tp_plan", "tp_input", "seed", "tp_dropout", "pipeline_schedule",
             "pipeline_step"} <= {e["kind"] for e in events}
-    assert {c.id for c in report.checked} >= {"TP4", "TP5", "PP1", "PP5", "PP4"}
+    assert {c.id for c in report.checked} >= {"TP4", "TP5", "TP9", "PP1", "PP5", "PP4"}
 
 
 def _uninstallable(probe: str, fn) -> object:
@@ -302,7 +302,7 @@ def test_a_parallel_probe_that_cannot_be_installed_leaves_its_rules_not_judged(p
     report = run_all(RunEvents.from_run(2, run))
     reason = (f"the x-ray's {probe} probe could not be installed on this torch (ImportError: "
               f"cannot import name 'api' (a torch without {probe}))")
-    fed = {"tensor_parallel": {"P03", "TP4", "TP8", "TP5"},
+    fed = {"tensor_parallel": {"P03", "TP4", "TP8", "TP5", "TP9"},
            "pipeline": {"PP1", "PP5", "PP4"}}[probe]
     assert set(_writers(probe)) == fed
     assert {u.id for u in report.not_checked if u.reason == reason} == fed

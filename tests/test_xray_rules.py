@@ -419,6 +419,25 @@ def test_p03_is_not_judged_when_every_rank_is_one_tensor_parallel_group() -> Non
         "(TP4)"))
 
 
+def test_tp9_clip_grad_norm_over_dtensor_and_plain_parameters() -> None:
+    from course_lib.launching.errors import DistributedError, RankFailure
+    from course_lib.xray.detectors import tensor_parallel
+
+    tb = ('Traceback (most recent call last):\n  File "/tmp/train.py", line 56, in <module>\n'
+          '    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n'
+          '  File "/venv/site-packages/torch/nn/utils/clip_grad.py", line 41, in _no_grad_wrapper\n'
+          'RuntimeError: aten._foreach_norm.Scalar: got mixed torch.Tensor and DTensor\n')
+    run = _run([_tp_plan([0, 1])], [_tp_plan([0, 1])])
+    run.error = DistributedError("rank failed", [RankFailure(
+        0, "exception", "", "RuntimeError",
+        "aten._foreach_norm.Scalar: got mixed torch.Tensor and DTensor", tb)])
+    findings = _found(tensor_parallel, run)
+    assert [(f.id, f.where) for f in findings] == [("TP9", "/tmp/train.py:56")]
+    assert "implicit_replication()" in findings[0].evidence
+    run.error = None
+    assert _found(tensor_parallel, run) == []
+
+
 def _schedule(scale_grads: bool, reduction: str, m: int = 4) -> dict:
     return _ev("pipeline_schedule", key=1, schedule="ScheduleGPipe", n_microbatches=m,
                scale_grads=scale_grads, loss="mse_loss", reduction=reduction)

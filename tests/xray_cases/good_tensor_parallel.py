@@ -1,13 +1,16 @@
 # expect: none
-# checks: TP4
+# checks: TP4 TP9
 """Tensor parallelism done right, picotron-style: every rank is in one tensor-parallel
 group, so there is one data-parallel replica, and the sampler is told so (num_replicas=1):
-both ranks read the same batch every step, in the same shuffled order."""
+both ranks read the same batch every step, in the same shuffled order.
+Gradients are clipped over the DTensor and plain parameters together inside
+implicit_replication(), which counts the plain ones once."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.experimental import implicit_replication
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -53,6 +56,8 @@ for epoch in range(2):
         loss = F.cross_entropy(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
+        with implicit_replication():  # the plain parameters are the same on every rank
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
         optimizer.step()
     if dist.get_rank() == 0:
         print(f"epoch {epoch}: loss {loss.item():.4f}")

@@ -1,6 +1,7 @@
 """Detector: tensor parallelism: the ranks of one tensor-parallel group fed different data
 (TP4), and on a 2-D mesh, read by the global rank instead of the data-parallel one (TP8);
-different dropout masks on an activation the group holds alike (TP5).
+different dropout masks on an activation the group holds alike (TP5); clip_grad_norm_ over
+DTensor and plain parameters (TP9).
 
 A tensor-parallel group is the mesh that parallelize_module was given (events.TpPlan): its
 ranks compute one forward together, so each must be fed the same batch. What they were fed
@@ -14,6 +15,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
+from course_lib.xray.cause import learner_frame
 from course_lib.xray.detectors.passes import loader_line, training
 from course_lib.xray.events import Pass, Sampler, Seed, TpDropout, TpInput, TpPlan
 from course_lib.xray.report import Finding, finding
@@ -336,3 +338,33 @@ def _tp5_finding(run: RunEvents, plan: TpPlan, a: int, b: int, ea: TpDropout,
                           f"generators were not{_from(seeded)}; outside the sharded layers "
                           "every rank of the group must draw the same mask: seed them alike "
                           "(a per-replica seed from the data-parallel rank)", where or ea["where"])
+
+
+# -- TP9 ----------------------------------------------------------------------------------------
+
+MIXED = "got mixed torch.Tensor and DTensor"  # DTensor's dispatcher (tensor/_dispatch.py)
+
+
+@rule("TP9", needs=(TpPlan,), unjudged=_no_group,
+      absent="no clip_grad_norm_ over DTensor and plain parameters failed")
+def _tp9(run: RunEvents) -> Finding | None:
+    """clip_grad_norm_ raised DTensor's "got mixed torch.Tensor and DTensor": a partly
+    parallelized model's parameters are DTensors (the plan's) and plain tensors."""
+    if run.error is None:
+        return None
+    plans = _first_plans(run)
+    for f in run.error.failures:
+        if MIXED not in f.message or "clip_grad" not in f.traceback:
+            continue
+        frame = learner_frame(f)
+        at = f" at {frame.where}" + (f" ({frame.source})" if frame.source else "") \
+            if frame else ""
+        plan = plans.get(f.rank) or next(iter(plans.values()), None)
+        by = f" (parallelize_module at {plan['where']})" if plan else ""
+        return finding("TP9", f"rank {f.rank} raised {f.error_type or 'an error'}{at}: "
+                              f"'...{MIXED}': the model's parameters are DTensors where the "
+                              f"plan sharded them{by} and plain tensors elsewhere; call "
+                              "clip_grad_norm_ inside torch.distributed.tensor.experimental."
+                              "implicit_replication(), which treats the plain ones as "
+                              "replicated", frame.where if frame else "")
+    return None
