@@ -114,14 +114,14 @@ def _tp8(run: RunEvents) -> Finding | None:
     tp = f"mesh[{p['dim']!r}], " if p["dim"] else ""
     dp = next((d for d in p["mesh_dims"] if d != p["dim"]), "")
     replicas = math.prod(p["mesh_shape"]) // max(1, len(p["group"]))
-    mesh = f"mesh[{dp!r}]" if dp else "the data-parallel mesh dimension"
+    how = (f"num_replicas=mesh[{dp!r}].size(), rank=mesh[{dp!r}].get_local_rank()" if dp else
+           "num_replicas= the data-parallel dimension's size, rank= this rank's place in it")
     return finding("TP8", f"on the {shape} mesh{names}, ranks {split.a} and {split.b} form "
                           f"one tensor-parallel group ({tp}parallelize_module at {p['where']}) "
                           f"and were fed different batches {_at(split)}: "
                           f"{split.read}{_from(split.source)}; the sampler and the per-replica "
                           f"seed must come from the data-parallel rank: {replicas} replicas, "
-                          f"num_replicas={mesh}.size(), rank={mesh}.get_local_rank()",
-                   split.where)
+                          f"{how}", split.where)
 
 
 def _tp4_fix(split: Split) -> str:
