@@ -236,16 +236,10 @@ def _judge_last_synced(first: list[dict[str, Any]], where: str, k: int) -> None:
     forward was not the last micro-batch's, name it (the all-reduce count was right)."""
     grads = [record["grads"][0] for record in first]
     apart = [rank for rank in range(1, len(grads)) if not same(grads[rank], grads[0])]
-    synced = first[0]["synced_at"]
-    if not apart or not synced or synced[-1] == k - 1:
-        return
-    after = synced[-1] + 1
-    later = f"micro-batch {k}" if after + 1 == k else f"micro-batches {after + 1}-{k}"
-    raise Rejected(f"{where}rank 0's and rank {apart[0]}'s gradients differ after the step: "
-                   f"your one all-reduce came with micro-batch {after} of {k} (its forward "
-                   f"ran outside no_sync()), and the backwards of {later} stayed on each "
-                   "rank. The micro-batch outside no_sync() must be the last one: its "
-                   f"backward all-reduces the sum of all {k}.")
+    hint = apart and collectives.early_sync(where, apart[0], first[0]["synced_at"], k,
+                                            "after the step")
+    if hint:
+        raise Rejected(hint)
 
 
 def _judge_gradient(got: torch.Tensor, want: dict[str, Any], rank: int, where: str, k: int,

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from course_lib.checks import collectives
 from course_lib.checks.common import (
     CHECK_TIMEOUT,
     RecordingSGD,
@@ -235,16 +236,10 @@ def _judge_last_synced(first: list[dict[str, Any]], where: str) -> None:
     grads = [record["grads"][0] for record in first]
     apart = [rank for rank in range(1, len(grads))  # relative: these gradients are ~1e-7
              if float((grads[rank] - grads[0]).norm()) > 1e-4 * float(grads[0].norm())]
-    synced = first[0]["synced_at"]
-    if not apart or not synced or synced[-1] == K - 1:
-        return
-    after = synced[-1] + 1
-    later = f"micro-batch {K}" if after + 1 == K else f"micro-batches {after + 1}-{K}"
-    raise Rejected(f"{where}rank 0's and rank {apart[0]}'s gradients differ at step 0: your "
-                   f"one all-reduce came with micro-batch {after} of {K} (its forward ran "
-                   f"outside no_sync()), and the backwards of {later} stayed on each rank. "
-                   "The micro-batch outside no_sync() must be the last one: its backward "
-                   f"all-reduces the sum of all {K}.")
+    hint = apart and collectives.early_sync(where, apart[0], first[0]["synced_at"], K,
+                                            "at step 0")
+    if hint:
+        raise Rejected(hint)
 
 
 def _judge_autocast(dtypes: list[str], where: str) -> None:
