@@ -362,15 +362,15 @@ def _dropped(values: list[float], rng: int) -> dict:
 def test_tp5_different_masks_on_an_activation_the_group_holds_alike() -> None:
     """Only where the dropout's input is the same on the ranks (a replicated activation);
     inside the sharded layers each rank's slice differs, and so may its mask."""
-    from course_lib.xray.detectors import tensor_parallel
+    from course_lib.xray.detectors import tensor_parallel_steps
 
     plan = _tp_plan([0, 1])
-    assert _ids(tensor_parallel, _run([plan, _dropped([1.0, 2.0], 7)],
+    assert _ids(tensor_parallel_steps, _run([plan, _dropped([1.0, 2.0], 7)],
                                       [plan, _dropped([1.0, 2.0], 8)])) == [("TP5", "confirmed")]
-    assert _ids(tensor_parallel, _run([plan, _dropped([1.0, 2.0], 7)],
+    assert _ids(tensor_parallel_steps, _run([plan, _dropped([1.0, 2.0], 7)],
                                       [plan, _dropped([1.0, 2.0], 7)])) == []
     sharded = _run([plan, _dropped([1.0, 2.0], 7)], [plan, _dropped([3.0, 4.0], 8)])
-    assert _ids(tensor_parallel, sharded) == []
+    assert _ids(tensor_parallel_steps, sharded) == []
     assert RULES["TP5"].verdict(_run([plan], [plan])) == Unjudged(
         "TP5", "no dropout ran in training after parallelize_module")
 
@@ -421,7 +421,7 @@ def test_p03_is_not_judged_when_every_rank_is_one_tensor_parallel_group() -> Non
 
 def test_tp9_clip_grad_norm_over_dtensor_and_plain_parameters() -> None:
     from course_lib.launching.errors import DistributedError, RankFailure
-    from course_lib.xray.detectors import tensor_parallel
+    from course_lib.xray.detectors import tensor_parallel_steps
 
     tb = ('Traceback (most recent call last):\n  File "/tmp/train.py", line 56, in <module>\n'
           '    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n'
@@ -431,11 +431,11 @@ def test_tp9_clip_grad_norm_over_dtensor_and_plain_parameters() -> None:
     run.error = DistributedError("rank failed", [RankFailure(
         0, "exception", "", "RuntimeError",
         "aten._foreach_norm.Scalar: got mixed torch.Tensor and DTensor", tb)])
-    findings = _found(tensor_parallel, run)
+    findings = _found(tensor_parallel_steps, run)
     assert [(f.id, f.where) for f in findings] == [("TP9", "/tmp/train.py:56")]
     assert "implicit_replication()" in findings[0].evidence
     run.error = None
-    assert _found(tensor_parallel, run) == []
+    assert _found(tensor_parallel_steps, run) == []
 
 
 def _schedule(scale_grads: bool, reduction: str, m: int = 4) -> dict:

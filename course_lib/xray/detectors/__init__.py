@@ -16,6 +16,7 @@ from course_lib.xray.detectors import (
     output,
     pipeline,
     tensor_parallel,
+    tensor_parallel_steps,
 )
 from course_lib.xray.events import EVENTS, KIND_OF, ProbeError
 from course_lib.xray.report import Checked, Finding, Report, Unjudged
@@ -23,7 +24,7 @@ from course_lib.xray.rules import RULES, Rule
 from course_lib.xray.run_events import RunEvents
 
 AREAS = (data, evaluation, output, desync, model, checkpoint, amp, tensor_parallel,
-         pipeline)  # the report's order
+         tensor_parallel_steps, pipeline)  # the report's order
 
 
 def in_report_order() -> list[Rule]:

@@ -1,7 +1,6 @@
-"""Detector: tensor parallelism: the ranks of one tensor-parallel group fed different data
-(TP4), and on a 2-D mesh, read by the global rank instead of the data-parallel one (TP8);
-different dropout masks on an activation the group holds alike (TP5); clip_grad_norm_ over
-DTensor and plain parameters (TP9).
+"""Detector: tensor parallelism's inputs: the ranks of one tensor-parallel group fed
+different data (TP4), and on a 2-D mesh, read by the global rank instead of the data-parallel
+one (TP8). What the group computes once fed is tensor_parallel_steps.py's (TP5, TP9).
 
 A tensor-parallel group is the mesh that parallelize_module was given (events.TpPlan): its
 ranks compute one forward together, so each must be fed the same batch. What they were fed
@@ -15,9 +14,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from course_lib.xray.cause import learner_frame
 from course_lib.xray.detectors.passes import loader_line, training
-from course_lib.xray.events import Pass, Sampler, Seed, TpDropout, TpInput, TpPlan
+from course_lib.xray.events import Pass, Sampler, Seed, TpInput, TpPlan
 from course_lib.xray.report import Finding, finding
 from course_lib.xray.rules import rule
 from course_lib.xray.run_events import RunEvents
@@ -49,7 +47,7 @@ def tp_groups(run: RunEvents) -> dict[int, tuple[int, ...]]:
     return groups
 
 
-def _first_plans(run: RunEvents) -> dict[int, TpPlan]:
+def first_plans(run: RunEvents) -> dict[int, TpPlan]:
     plans: dict[int, TpPlan] = {}
     for rank, e in run.of(TpPlan):
         plans.setdefault(rank, e)
@@ -58,7 +56,7 @@ def _first_plans(run: RunEvents) -> dict[int, TpPlan]:
 
 # -- why a run gave these rules nothing to judge ------------------------------------------------
 
-def _no_group(run: RunEvents) -> str:
+def no_group(run: RunEvents) -> str:
     if not run.of(TpPlan):
         return "parallelize_module was not called"
     if all(len(g) < 2 for g in tp_groups(run).values()):
@@ -67,14 +65,14 @@ def _no_group(run: RunEvents) -> str:
 
 
 def _nothing_compared(run: RunEvents) -> str:
-    return _no_group(run) or ("" if _compared(run) else
+    return no_group(run) or ("" if _compared(run) else
                               "no forward of the parallelized model and no training pass "
                               "over a DataLoader ran on every rank of a tensor-parallel group")
 
 
 def _no_2d_mesh(run: RunEvents) -> str:
-    if _no_group(run):
-        return _no_group(run)
+    if no_group(run):
+        return no_group(run)
     if all(len(g) >= run.world_size for g in tp_groups(run).values()):
         return "no 2-D mesh: the tensor-parallel mesh held every rank"
     return _nothing_compared(run)
@@ -95,8 +93,9 @@ def _tp4(run: RunEvents) -> Finding | None:
     return finding("TP4", f"ranks {split.a} and {split.b}, one tensor-parallel group "
                           f"(parallelize_module at {p['where']} over {over}), were fed "
                           f"different batches {_at(split)}: {split.read}"
-                          f"{_from(split.source)}; the ranks of a tensor-parallel group compute "
-                          f"one forward together and must be fed the same batch{_tp4_fix(split)}",
+                          f"{in_parens(split.source)}; the ranks of a tensor-parallel group "
+                          "compute one forward together and must be fed the same batch"
+                          f"{_tp4_fix(split)}",
                    split.where)
 
 
@@ -119,7 +118,7 @@ def _tp8(run: RunEvents) -> Finding | None:
     return finding("TP8", f"on the {shape} mesh{names}, ranks {split.a} and {split.b} form "
                           f"one tensor-parallel group ({tp}parallelize_module at {p['where']}) "
                           f"and were fed different batches {_at(split)}: "
-                          f"{split.read}{_from(split.source)}; the sampler and the per-replica "
+                          f"{split.read}{in_parens(split.source)}; the sampler and the per-replica "
                           f"seed must come from the data-parallel rank: {replicas} replicas, "
                           f"{how}", split.where)
 
@@ -142,7 +141,7 @@ def _at(split: Split) -> str:
     return f"in their first {kind}" if split.step == 0 else f"in {kind} {split.step + 1}"
 
 
-def _from(source: str) -> str:
+def in_parens(source: str) -> str:
     return f" ({source})" if source else ""
 
 
@@ -156,7 +155,7 @@ def _compared(run: RunEvents) -> bool:
 def _split(run: RunEvents) -> Split | None:
     """The first two ranks of one tensor-parallel group fed different data: by the
     parallelized module's inputs when it was fed data, else by their training batches."""
-    plans = _first_plans(run)
+    plans = first_plans(run)
     for group in sorted({g for g in tp_groups(run).values() if len(g) >= 2}):
         if any(r not in plans for r in group) or _sharded_on_purpose(run, group):
             continue
@@ -243,7 +242,7 @@ def _explained(run: RunEvents, plan: TpPlan, a: int, b: int, step: tuple[bool, i
                          for r in (a, b) if r in fed) + " (one number per sample)"
         if a not in fed or b not in fed:
             return Split(plan, a, b, step[1], step[0], read, "", plan["where"])
-        seeded, where = _seeds(run, (a, fed[a]["t"]), (b, fed[b]["t"]))
+        seeded, where = seeds_in_words(run, (a, fed[a]["t"]), (b, fed[b]["t"]))
         return Split(plan, a, b, step[1], step[0], read, seeded, where or fed[a]["where"])
     passes = _passes_of(run, tuple(sorted({a, b})))
     k = batch[2]
@@ -272,7 +271,7 @@ def _source(run: RunEvents, passes: dict[int, Pass], a: int, b: int) -> str:
             f"rank {a}, rank={sb['rank']} on rank {b}{world}")
 
 
-def _seeds(run: RunEvents, a: tuple[int, float], b: tuple[int, float]) -> tuple[str, str]:
+def seeds_in_words(run: RunEvents, a: tuple[int, float], b: tuple[int, float]) -> tuple[str, str]:
     """The seeds two ranks last gave torch.manual_seed before the times given, in words,
     and the line of rank a's, when they differ (else "", "")."""
     last = {}
@@ -293,78 +292,3 @@ def _fix_line(run: RunEvents, rank: int, p: Pass) -> str:
     """Where the DistributedSampler of this pass was made, else where its loader was."""
     made = [e["where"] for r, e in run.of(Sampler) if r == rank and e["key"] == p["sampler_key"]]
     return made[0] if made and p["distributed"] else loader_line(p)
-
-
-
-# -- TP5 ----------------------------------------------------------------------------------------
-
-def _no_dropout(run: RunEvents) -> str:
-    if _no_group(run):
-        return _no_group(run)
-    return "" if run.of(TpDropout) else "no dropout ran in training after parallelize_module"
-
-
-@rule("TP5", needs=(TpPlan, TpDropout, Seed), unjudged=_no_dropout,
-      absent="no dropout drew different masks on the ranks of one tensor-parallel group for "
-             "an activation they held alike")
-def _tp5(run: RunEvents) -> Finding | None:
-    """A dropout whose input was the same on the ranks of one group (a replicated
-    activation, outside the sharded layers) while their random generators differed: each
-    rank dropped other units of one activation. Inside the sharded layers each rank's slice
-    differs, and so may its mask."""
-    calls: dict[tuple[str, int], dict[int, TpDropout]] = defaultdict(dict)
-    for rank, e in run.of(TpDropout):
-        calls[(e["where"], e["number"])][rank] = e
-    plans = _first_plans(run)
-    for group in sorted({g for g in tp_groups(run).values() if len(g) >= 2}):
-        for by_rank in sorted(calls.values(), key=lambda c: min(e["t"] for e in c.values())):
-            if any(r not in by_rank for r in group) or group[0] not in plans:
-                continue
-            first = by_rank[group[0]]
-            for r in group[1:]:
-                e = by_rank[r]
-                if e["fingerprint"] == first["fingerprint"] and e["rng"] != first["rng"]:
-                    return _tp5_finding(run, plans[group[0]], group[0], r, first, e)
-    return None
-
-
-def _tp5_finding(run: RunEvents, plan: TpPlan, a: int, b: int, ea: TpDropout,
-                 eb: TpDropout) -> Finding:
-    seeded, where = _seeds(run, (a, ea["t"]), (b, eb["t"]))
-    return finding("TP5", f"ranks {a} and {b}, one tensor-parallel group (parallelize_module at "
-                          f"{plan['where']}), drew different masks in the dropout at "
-                          f"{ea['where']} (p={ea['p']:g}): its input was the same on both (an "
-                          f"activation every rank of the group holds whole), their random "
-                          f"generators were not{_from(seeded)}; outside the sharded layers "
-                          "every rank of the group must draw the same mask: seed them alike "
-                          "(a per-replica seed from the data-parallel rank)", where or ea["where"])
-
-
-# -- TP9 ----------------------------------------------------------------------------------------
-
-MIXED = "got mixed torch.Tensor and DTensor"  # DTensor's dispatcher (tensor/_dispatch.py)
-
-
-@rule("TP9", needs=(TpPlan,), unjudged=_no_group,
-      absent="no clip_grad_norm_ over DTensor and plain parameters failed")
-def _tp9(run: RunEvents) -> Finding | None:
-    """clip_grad_norm_ raised DTensor's "got mixed torch.Tensor and DTensor": a partly
-    parallelized model's parameters are DTensors (the plan's) and plain tensors."""
-    if run.error is None:
-        return None
-    plans = _first_plans(run)
-    for f in run.error.failures:
-        if MIXED not in f.message or "clip_grad" not in f.traceback:
-            continue
-        frame = learner_frame(f)
-        at = f" at {frame.where}" + (f" ({frame.source})" if frame.source else "") \
-            if frame else ""
-        plan = plans.get(f.rank) or next(iter(plans.values()), None)
-        by = f" (parallelize_module at {plan['where']})" if plan else ""
-        return finding("TP9", f"rank {f.rank} raised {f.error_type or 'an error'}{at}: "
-                              f"'...{MIXED}': the model's parameters are DTensors where the "
-                              f"plan sharded them{by} and plain tensors elsewhere; call "
-                              "clip_grad_norm_ inside torch.distributed.tensor.experimental."
-                              "implicit_replication(), which treats the plain ones as "
-                              "replicated", frame.where if frame else "")
-    return None
