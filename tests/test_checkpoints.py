@@ -292,6 +292,10 @@ with SaveSpy() as spy:
     elif how == "copy":
         torch.save(new, tmp)
         shutil.copyfile(tmp, path)
+    elif how == "shared":  # another rank writes c.pt too, and its crash moved it first
+        torch.save(new, tmp)
+        os.replace(tmp, path)
+        os.rename(path, os.path.join(folder, "c.pt.tmp1"))  # not through the spy: not ours
     else:  # temporary file, rename, clean up an older file
         torch.save(new, tmp)
         os.replace(tmp, path)
@@ -323,6 +327,18 @@ def test_save_spy_leaves_the_files_of_a_save_cut_half_way(tmp_path, how, cut):
     assert 0.45 < cut_file.stat().st_size / full.stat().st_size < 0.55
     with pytest.raises(RuntimeError):
         torch.load(cut_file)
+
+
+def test_save_spy_crash_when_another_rank_moved_the_file(tmp_path):
+    """Ranks that write one file crash together: one rank's undo may find the file gone
+    (the other's undo moved it). The crash still kills, and says which write it cut (CI on
+    torch 2.11 saw 'No such file or directory: c.pt -> c.pt.tmp0' raised instead)."""
+    torch.save({"w": torch.zeros(1)}, tmp_path / "old.pt")
+    job = SPY_JOB.replace("os.rename(path", "spy._saved['rename'](path")
+    done = subprocess.run([sys.executable, "-c", job, str(tmp_path), "shared"], timeout=120,
+                          capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["op"] == "torch.save"
 
 
 def test_save_spy_records_renames_and_copies(tmp_path):

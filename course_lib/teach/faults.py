@@ -186,7 +186,9 @@ class SaveSpy:
             for op in reversed(self._ops[chosen + 1:]):
                 self._undo(op)
             target = self._ops[chosen]["target"]
-            _write(target, (_contents(target) or b"")[: os.path.getsize(target) // 2])
+            whole = _contents(target)
+            if whole is not None:  # else another rank writing this file moved it away
+                _write(target, whole[: len(whole) // 2])
         if report is not None:
             op = self._ops[chosen] if chosen is not None else {}
             with open(report, "w") as f:
@@ -201,13 +203,17 @@ class SaveSpy:
                        for op in self._ops[index + 1:])
 
     def _undo(self, op: dict[str, Any]) -> None:
-        """Put the files back as they were before `op`."""
-        if op["kind"] == "rename":
-            self._saved["replace"](op["target"], op["source"])
-        if op["before"] is not None:
-            _write(op["target"], op["before"])
-        elif op["kind"] == "write":
-            self._saved["unlink"](op["target"])
+        """Put the files back as they were before `op`. Where ranks write one file, another
+        rank's crash may have moved it already: what is gone is left gone."""
+        try:
+            if op["kind"] == "rename":
+                self._saved["replace"](op["target"], op["source"])
+            if op["before"] is not None:
+                _write(op["target"], op["before"])
+            elif op["kind"] == "write":
+                self._saved["unlink"](op["target"])
+        except FileNotFoundError:
+            pass
 
     @staticmethod
     def _file_name(f: Any) -> str | None:
