@@ -257,11 +257,16 @@ def torch_only_venv(path):
 
 
 def linked(folder, *distributions):
-    """A folder of links to these distributions and what they require (extras aside)."""
+    """A folder of links to these distributions and what they require (extras aside; a
+    requirement not installed here is one whose marker leaves this platform out: torch
+    2.11's CUDA build requires triton, which asks for importlib-metadata on Python < 3.10)."""
     folder.mkdir(parents=True)
     seen, todo = set(), list(distributions)
     while todo:
-        dist = metadata.distribution(todo.pop())
+        try:
+            dist = metadata.distribution(todo.pop())
+        except metadata.PackageNotFoundError:
+            continue
         if dist.metadata["Name"].lower() in seen:
             continue
         seen.add(dist.metadata["Name"].lower())

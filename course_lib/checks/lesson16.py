@@ -27,7 +27,13 @@ WORLD_SIZES = (2, 4)
 DIM, HIDDEN, VOCAB, BATCH, SEED = 16, 64, 64, 32, 0
 BLOCKS = 2
 
-# PyTorch's own messages (torch 2.13), each with what it means for a plan.
+REPLICATED_LOGITS = (
+    "the logits reached the loss whole on every rank (a Replicate DTensor): loss_parallel "
+    "needs them sharded over the vocabulary. Drop output_layouts=Replicate() from the "
+    "head's ColwiseParallel and keep use_local_output=False.")
+
+# PyTorch's own messages (torch 2.13, and 2.11's where it words one otherwise), each with
+# what it means for a plan.
 KNOWN = [
     ("a and b must have same reduction dim",
      "a layer got an input whose features do not match its plan (DTensor's sharding "
@@ -43,10 +49,9 @@ KNOWN = [
      "head's ColwiseParallel hands back its local slice by default), so a target outside "
      "the slice is out of bounds. Keep the logits a DTensor for loss_parallel: "
      "ColwiseParallel(use_local_output=False) on the head."),
-    ("requires exactly one mesh dim to shard",
-     "the logits reached the loss whole on every rank (a Replicate DTensor): loss_parallel "
-     "needs them sharded over the vocabulary. Drop output_layouts=Replicate() from the "
-     "head's ColwiseParallel and keep use_local_output=False."),
+    ("requires exactly one mesh dim to shard", REPLICATED_LOGITS),
+    ("loss_parallel() should be enabled only when the input tensor is sharded",  # torch 2.11
+     REPLICATED_LOGITS),
     ("got mixed torch.Tensor and DTensor",
      "a DTensor met a plain tensor inside the model: a block's layer returned a DTensor "
      "(use_local_output=False) that the residual `x + ...` adds to a plain tensor. Keep "
