@@ -10,6 +10,8 @@ of torch.
     metadata: {"course": {"pitfall": "P03", "role": "broken" | "fixed" | "demo",
                           "symptom": {"error": "RuntimeError", "match": "fragment"}
                                    | {"observed": "same_samples"}},
+              (a "match" may be a list where torch versions word the error differently:
+               the pinned torch's fragment first, any one of them shown)
                "tags": ["raises-exception"]}
               {"course": {"exercise": "stub" | "check"}}
 """

@@ -18,6 +18,7 @@ from course_lib.protocol import OBSERVATION_MIME as OBSERVATION
 RAISES = ["raises-exception"]
 ZERO = {"error": "ZeroDivisionError", "match": "division by zero"}
 DISAGREE = {"observed": "ranks_disagree"}
+WORDED_TWICE = {"error": "ZeroDivisionError", "match": ["division by zero", "divided by 0"]}
 
 
 def pitfall(source, pid, role, symptom, tags=(), outputs=(), count=1):
@@ -70,6 +71,8 @@ def test_well_formed_cells_read_without_problems():
     (pitfall("", "P03", "borken", DISAGREE), "role 'borken' is not one of"),
     (pitfall("", "P03", "demo", {"error": "ValueError"}), "must be {'error'"),
     (pitfall("", "P03", "demo", {"observed": "two words"}), "must be {'error'"),
+    (pitfall("", "P03", "demo", {"error": "ValueError", "match": []}), "must be {'error'"),
+    (pitfall("", "P03", "demo", {"error": "ValueError", "match": ["x", ""]}), "must be {'error'"),
     (pitfall("", "P03", "demo", ZERO), "must be tagged 'raises-exception'"),
     (pitfall("", "P03", "broken", ZERO), "must be tagged 'raises-exception'"),
 ])
@@ -108,6 +111,8 @@ def test_incomplete_pairs_are_named(cells, missing):
     (pitfall("", "P03", "broken", ZERO, RAISES, [error("ValueError", "bad")]), False),
     (pitfall("", "P03", "broken", ZERO, RAISES, [error(evalue="other text")]), False),
     (pitfall("", "P03", "broken", ZERO, RAISES, [error()], count=None), False),
+    (pitfall("", "P03", "broken", WORDED_TWICE, RAISES, [error(evalue="divided by 0")]), True),
+    (pitfall("", "P03", "broken", WORDED_TWICE, RAISES, [error(evalue="other")]), False),
     (pitfall("", "P03", "fixed", ZERO, (), []), True),
     (pitfall("", "P03", "fixed", ZERO, (), [error("ValueError", "bad")]), False),
     (pitfall("", "X4", "broken", DISAGREE, (), [observed(True)]), True),

@@ -26,11 +26,17 @@ from course_lib.protocol import (
 @dataclass(frozen=True)
 class Symptom:
     """What a cell shows: an error (`kind` "error", `name` its class, `match` a fragment of
-    its message) or an observation (`kind` "observed", `name` the observe() name)."""
+    its message, `also` the fragments older torch versions show instead) or an observation
+    (`kind` "observed", `name` the observe() name)."""
 
     kind: str
     name: str
     match: str = ""
+    also: tuple[str, ...] = ()
+
+    def in_message(self, message: str) -> bool:
+        """Whether an error message shows this symptom (any torch version's wording)."""
+        return any(fragment in message for fragment in (self.match, *self.also))
 
     def __str__(self) -> str:
         if self.kind == ERROR:
@@ -85,12 +91,16 @@ def _read_cell(number: int, cell: Any, meta: dict) -> PitfallCell | list[str]:
 def _read_symptom(raw: Any) -> Symptom | str:
     """The declared symptom, or why it is malformed."""
     keys = set(raw) if isinstance(raw, dict) else set()
-    if keys == {ERROR, MATCH} and _identifier(raw[ERROR]) and _nonempty(raw[MATCH]):
-        return Symptom(ERROR, raw[ERROR], raw[MATCH])
+    fragments = raw.get(MATCH) if isinstance(raw, dict) else None
+    if isinstance(fragments, str):
+        fragments = [fragments]
+    if (keys == {ERROR, MATCH} and _identifier(raw[ERROR]) and isinstance(fragments, list)
+            and fragments and all(_nonempty(f) for f in fragments)):
+        return Symptom(ERROR, raw[ERROR], fragments[0], tuple(fragments[1:]))
     if keys == {OBSERVED} and _identifier(raw[OBSERVED]):
         return Symptom(OBSERVED, raw[OBSERVED])
-    return (f"symptom {raw!r} must be {{'error': 'ClassName', 'match': 'fragment'}} "
-            "or {'observed': 'name'}")
+    return (f"symptom {raw!r} must be {{'error': 'ClassName', 'match': 'fragment'}} (or a "
+            "list of fragments) or {'observed': 'name'}")
 
 
 def _nonempty(value: Any) -> bool:

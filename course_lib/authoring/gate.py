@@ -53,7 +53,7 @@ def judge(cell: PitfallCell, nb_cell: Any) -> Verdict:
     if cell.symptom.kind == ERROR:
         err = error_output(nb_cell)
         shown = (err is not None and err.get("ename") == cell.symptom.name
-                 and cell.symptom.match in str(err.get("evalue", "")))
+                 and cell.symptom.in_message(str(err.get("evalue", ""))))
         return Verdict(*row, describe_error(err), shown if want else err is None)
     values = observations(nb_cell).get(cell.symptom.name)
     if not values:
