@@ -44,11 +44,13 @@ def train_cell(record: bool = False) -> dict:
     own_group = not dist.is_initialized()
     if own_group:
         dist.init_process_group("gloo")
+    start = time.perf_counter()
     model = DDP(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rec = telemetry.Recorder(enabled=record)
     if record:
         rec.watch_ddp(model)
+    ends = [time.perf_counter()]  # set-up done, then each step's end
     for step in range(20):
         with rec.step(step):
             x, y = torch.randn(16, 8), torch.randn(16, 1)
@@ -57,11 +59,14 @@ def train_cell(record: bool = False) -> dict:
             loss.backward()
             opt.step()
             rec.scalar("loss", loss)
+        ends.append(time.perf_counter())
     uss = psutil.Process().memory_full_info().uss
     if own_group:
         del model, opt
         dist.destroy_process_group()
-    return {"loss": loss.item(), "uss": uss}
+    return {"loss": loss.item(), "uss": uss, "setup_s": ends[0] - start,
+            "first_step_s": ends[1] - ends[0], "later_steps_s": ends[-1] - ends[1],
+            "uss_s": time.perf_counter() - ends[-1]}
 
 
 def train_cell_recorded() -> dict:

@@ -30,6 +30,7 @@ import psutil
 import torch
 import torch.distributed as dist
 from cells import (
+    READING_S,
     free_port,
     launch_seconds,
     median_of,
@@ -88,6 +89,29 @@ def training_table() -> list[str]:
         acc = median_of(lambda n=n: accelerate_seconds(train_cell, n), SPAWN_RUNS)
         rows.append(f"| {n} | {median_p90(ready)} | {recorded:.3f} s | {median_p90(fresh)} | "
                     f"{spawn:.2f} s | {_s(acc)} | {spawn / statistics.median(ready):.0f}x |")
+    return rows
+
+
+def parts_table() -> list[str]:
+    """Where a ready training cell's time goes: rank 0's own parts, and the rest (sending
+    the function, waiting for the slowest rank, results back)."""
+    rows = ["| ranks | ready training cell, median of 20 | DDP + optimizer set-up | first step "
+            "| 19 later steps | reading its memory (USS) | the rest: the launcher, the slowest "
+            "rank |",
+            "|---|---|---|---|---|---|---|"]
+    for n in (2, 4):
+        launch(train_cell, n, echo=False)
+        walls, parts = [], []
+        for _ in range(WARM_RUNS):
+            time.sleep(READING_S)
+            start = time.perf_counter()
+            rank0 = launch(train_cell, n, echo=False).results[0]
+            walls.append(time.perf_counter() - start)
+            parts.append([rank0[k] for k in ("setup_s", "first_step_s", "later_steps_s", "uss_s")])
+        wall = statistics.median(walls)
+        medians = [statistics.median(p[i] for p in parts) for i in range(4)]
+        cells = " | ".join(f"{m:.3f} s" for m in medians)
+        rows.append(f"| {n} | {wall:.3f} s | {cells} | {wall - sum(medians):.3f} s |")
     return rows
 
 
@@ -197,6 +221,15 @@ def _resources() -> dict[str, int]:
             "shared-memory files": shm, "temp folders": temp}
 
 
+def _ready_set(wait_s: float = 5.0) -> object | None:
+    """The ranks the last launch left ready, once their start has run (IDLE_S = 0 starts
+    them on a timer thread: a launch straight after would cancel it first)."""
+    deadline = time.perf_counter() + wait_s
+    while standby._ready is None and time.perf_counter() < deadline:
+        time.sleep(0.002)
+    return standby._ready
+
+
 def stress_table() -> list[str]:
     """200 launches, each on the ranks the previous one left ready (standby.IDLE_S = 0), then
     the ready set dropped: nothing may be left that was not there before."""
@@ -207,7 +240,7 @@ def stress_table() -> list[str]:
     used = 0
     start = time.perf_counter()
     for _ in range(STRESS_LAUNCHES):
-        waiting = standby._ready
+        waiting = _ready_set()
         launch(one_all_reduce, 2, echo=False)
         used += waiting is not None and standby._ready is not waiting
     took = time.perf_counter() - start
@@ -225,7 +258,7 @@ def main() -> None:
     os.environ["COURSE_READY_RANKS"] = "1"  # as in a notebook (the default outside IPython: off)
     print(f"# launch benchmark: torch {torch.__version__}, {os.cpu_count()} cores, "
           f"Python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.1f}\n")
-    tables = (trivial_table, training_table, gpu_table, cold_table, memory_table,
+    tables = (trivial_table, training_table, parts_table, gpu_table, cold_table, memory_table,
               fault_table, stress_table)
     for table in (gpu_table,) if "--gpu" in sys.argv[1:] else tables:
         print("\n".join(table()), end="\n\n", flush=True)
