@@ -73,18 +73,25 @@ def train_cell_recorded() -> dict:
     return train_cell(record=True)
 
 
-def launch_seconds(fn: Callable, world_size: int, runs: int, ready: bool,
-                   **options) -> list[float]:
+def timed_launches(fn: Callable, world_size: int, runs: int, ready: bool,
+                   **options) -> list[tuple[float, list]]:
     """`runs` launches of fn, each READING_S after the last ended, as a person runs cells:
-    with ready ranks (started while they read), or with fresh ranks every time."""
+    with ready ranks (started while they read), or with fresh ranks every time. Each
+    launch's seconds and its ranks' results."""
     launch(fn, world_size, echo=False, fresh=not ready, **options)  # forkserver up
-    times = []
+    timed = []
     for _ in range(runs):
         time.sleep(READING_S)
         start = time.perf_counter()
-        launch(fn, world_size, echo=False, fresh=not ready, **options)
-        times.append(time.perf_counter() - start)
-    return times
+        run = launch(fn, world_size, echo=False, fresh=not ready, **options)
+        timed.append((time.perf_counter() - start, run.results))
+    return timed
+
+
+def launch_seconds(fn: Callable, world_size: int, runs: int, ready: bool,
+                   **options) -> list[float]:
+    """The seconds of timed_launches alone."""
+    return [seconds for seconds, _ in timed_launches(fn, world_size, runs, ready, **options)]
 
 
 def median_p90(times: list[float]) -> str:

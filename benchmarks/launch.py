@@ -30,13 +30,13 @@ import psutil
 import torch
 import torch.distributed as dist
 from cells import (
-    READING_S,
     free_port,
     launch_seconds,
     median_of,
     median_p90,
     one_all_reduce,
     spawn_seconds,
+    timed_launches,
     train_cell,
     train_cell_recorded,
 )
@@ -99,17 +99,11 @@ def parts_table() -> list[str]:
             "| 19 later steps | reading its memory (USS) | the rest: the launcher, the slowest "
             "rank |",
             "|---|---|---|---|---|---|---|"]
+    keys = ("setup_s", "first_step_s", "later_steps_s", "uss_s")
     for n in (2, 4):
-        launch(train_cell, n, echo=False)
-        walls, parts = [], []
-        for _ in range(WARM_RUNS):
-            time.sleep(READING_S)
-            start = time.perf_counter()
-            rank0 = launch(train_cell, n, echo=False).results[0]
-            walls.append(time.perf_counter() - start)
-            parts.append([rank0[k] for k in ("setup_s", "first_step_s", "later_steps_s", "uss_s")])
-        wall = statistics.median(walls)
-        medians = [statistics.median(p[i] for p in parts) for i in range(4)]
+        timed = timed_launches(train_cell, n, WARM_RUNS, ready=True)
+        wall = statistics.median(seconds for seconds, _ in timed)
+        medians = [statistics.median(results[0][k] for _, results in timed) for k in keys]
         cells = " | ".join(f"{m:.3f} s" for m in medians)
         rows.append(f"| {n} | {wall:.3f} s | {cells} | {wall - sum(medians):.3f} s |")
     return rows
