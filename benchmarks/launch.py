@@ -229,6 +229,7 @@ def stress_table() -> list[str]:
     the ready set dropped: nothing may be left that was not there before."""
     standby.discard()
     launch(one_all_reduce, 2, echo=False, fresh=True)
+    standby.discard()  # collects that launch's ranks (a launch returns before they exit)
     before = _resources()
     idle, standby.IDLE_S = standby.IDLE_S, 0.0
     used = 0

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from procs import alive
 
 from course_lib import launch
+from course_lib.launching import ranks, standby
 from course_lib.network import non_loopback, socket_addresses
 
 
@@ -85,6 +87,35 @@ def test_output_is_prefixed_live_and_kept(capsys):
     assert "[rank 1] careful" in captured.err
     assert run.output(1) == "hello from 1\ncareful\n" or run.output(1) == "careful\nhello from 1\n"
     assert "[rank 0] hello from 0" in run.output()
+
+
+def test_all_output_arrives_though_the_launch_does_not_wait_for_the_exits():
+    """A launch returns once every rank has returned and said it is exiting (launcher.
+    _all_returned); what the ranks wrote before, more than a pipe holds and a last line
+    without its newline, still arrives whole."""
+
+    def loud():
+        for i in range(20000):
+            print(f"line {i}")
+        os.write(2, b"written on fd 2\n")
+        print("no newline", end="")
+        return dist.get_rank()
+
+    run = launch(loud, 2, backend="gloo", echo=False)
+    assert run.results == [0, 1]
+    for rank in (0, 1):
+        lines = run.output(rank).splitlines()
+        assert [line for line in lines if line.startswith("line ")] == [
+            f"line {i}" for i in range(20000)]
+        assert "written on fd 2" in lines
+        assert "no newline" in lines
+
+
+def test_the_ranks_of_a_finished_launch_are_gone_once_collected():
+    run = launch(os.getpid, 2, backend="gloo", echo=False)
+    standby.discard()  # collects the last launch's ranks (ranks.collect_retired)
+    assert ranks._retired == []
+    assert not alive(set(run.results)), "a rank outlived its launch"
 
 
 def test_twenty_reruns_in_a_row():

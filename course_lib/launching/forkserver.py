@@ -157,6 +157,7 @@ class Worker:
     error: ErrorReport | None = None
     exitcode: int | None = None
     stopped: str = ""  # "timeout" or "stopped" when the launcher ended it
+    exiting: bool = False  # it said all it will say and is in os._exit (rank_main)
     stack: str = ""
     event_time: float = 0.0  # monotonic time of its failure (error message or exit)
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from course_lib.launching import flight, ranks, standby
@@ -117,7 +117,10 @@ class _Launch:
                 self._supervise(self.start + self.timeout)
             finally:
                 with _sigint_deferred():
-                    self._stop([w for w in self.workers if w.running], "stopped", stacks=False)
+                    leaving = [w for w in self.workers if w.running and w.exiting]
+                    self._stop([w for w in self.workers if w.running and not w.exiting],
+                               "stopped", stacks=False)
+                    ranks.retire(leaving)
                     ranks.close_pipes(self.ranks)
             return outcome(self.workers, self.logs, time.monotonic() - self.start,
                            self.timeout, self.timed_out)
@@ -133,12 +136,31 @@ class _Launch:
                 sel.register(w.stderr_fd, selectors.EVENT_READ, (w, "stderr"))
                 sel.register(w.messages, selectors.EVENT_READ, (w, "messages"))
                 sel.register(w.process.sentinel, selectors.EVENT_READ, (w, "exit"))
-            while sel.get_map():
+            while sel.get_map() and not self._all_returned():
                 self._check_deadlines(deadline)
                 for key, _ in sel.select(timeout=0.05):
                     worker, what = key.data
                     if not self._handle(worker, what):
                         sel.unregister(key.fileobj)
+            self._drain_output(sel)
+
+    def _all_returned(self) -> bool:
+        """Whether every rank returned and said all it will say: the cell is done, without
+        waiting for the processes' exits (they are collected later, ranks.retire)."""
+        return all(w.exiting and w.result is not None for w in self.workers)
+
+    def _drain_output(self, sel: selectors.BaseSelector) -> None:
+        """Relay what is left in the output pipes of ranks that are exiting (written before
+        they said so), and a last line without its newline."""
+        for key in list(sel.get_map().values()):
+            worker, what = key.data
+            if what not in ("stdout", "stderr"):
+                continue
+            os.set_blocking(key.fd, False)
+            with suppress(BlockingIOError):  # nothing more to read
+                while self._handle(worker, what):
+                    pass
+            self._relay(worker, what, None)
 
     def _check_deadlines(self, deadline: float) -> None:
         now = time.monotonic()
@@ -169,6 +191,9 @@ class _Launch:
             kind, body = worker.messages.recv()
         except (EOFError, OSError):
             return False
+        if kind == "exiting":
+            worker.exiting = True
+            return True
         worker.timings[kind] = body if kind in ("started", "ready") else time.time()
         if kind == "ready":
             self._send_function(worker)

@@ -94,6 +94,12 @@ def run_worker(
         flight.dump(spec.flight_path)
     sys.stdout.flush()
     sys.stderr.flush()
+    # All it had to say is in the pipes: the kernel need not wait for this process's exit
+    # (a forked torch process takes 5-15 ms to tear down on 2 cores, measured).
+    try:
+        messages.send(("exiting", code))
+    except OSError:  # the kernel stopped listening: it is stopping this rank anyway
+        pass
     # No destroy_process_group(): os._exit runs no C++ destructor, so the gloo abort at exit
     # (a DDP object outliving its group, docs/facts.md) cannot happen, and the rank skips
     # gloo's teardown (35 ms of a 0.1 s launch, measured). Peers see its sockets close, as

@@ -87,6 +87,28 @@ def close(ranks: RankSet) -> None:
     ranks.folder.cleanup()
 
 
+_retired: list[Worker] = []  # ranks in os._exit whose exit status is not collected yet
+
+
+def retire(workers: list[Worker]) -> None:
+    """Ranks that said all they will say: kill what they leave behind (DataLoader workers)
+    now, and collect their exit status at the next launch (collect_retired), not now: a
+    forked torch process takes 5-15 ms to end, the cell need not wait for that."""
+    for w in workers:
+        kill(w)
+    _retired.extend(workers)
+
+
+def collect_retired() -> None:
+    """Collect the exit status of retired ranks (by now ended) and release their handles.
+    In the kernel's main thread, while no ranks are being started (standby's timer joined)."""
+    while _retired:
+        w = _retired.pop()
+        reap(w)
+        if w.exitcode is not None:
+            w.process.close()
+
+
 def close_pipes(ranks: RankSet) -> None:
     """Close the kernel's ends of every rank's pipes; a rank still alive then ends itself."""
     for w in ranks.workers:
@@ -97,7 +119,7 @@ def close_pipes(ranks: RankSet) -> None:
                 pass
         w.messages.close()
         w.payload.close()
-        if w.process.exitcode is not None:
+        if w.exitcode is not None:  # reaped (a retired rank is closed once collected)
             w.process.close()
     try:
         os.close(ranks.alive_w)

@@ -38,9 +38,10 @@ def enabled() -> bool:
 
 def take(key: RankKey) -> RankSet | None:
     """The ready ranks if they were started for `key` and none has exited; any others are
-    stopped. None when there are none to use."""
+    stopped. None when there are none to use. Every launch calls it (or discard) first."""
     global _ready
     _cancel_timer()
+    ranks.collect_retired()  # the last launch's ranks: no start can race with it now
     with _lock:
         ready, _ready = _ready, None
     if ready is None:
@@ -63,9 +64,11 @@ def after_launch(key: RankKey) -> None:
 
 
 def discard() -> None:
-    """Stop the ready ranks and any pending start (tests, the kernel's exit)."""
+    """Stop the ready ranks and any pending start, and collect the last launch's ranks
+    (tests, the kernel's exit)."""
     global _ready
     _cancel_timer()
+    ranks.collect_retired()
     with _lock:
         ready, _ready = _ready, None
     if ready is not None:
