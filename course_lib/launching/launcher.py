@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any
 
 from course_lib.launching import flight, ranks, standby
@@ -157,10 +157,11 @@ class _Launch:
             if what not in ("stdout", "stderr"):
                 continue
             os.set_blocking(key.fd, False)
-            with suppress(BlockingIOError):  # nothing more to read
-                while self._handle(worker, what):
+            try:
+                while self._handle(worker, what):  # False at the pipe's end, last line relayed
                     pass
-            self._relay(worker, what, None)
+            except BlockingIOError:  # nothing more to read, the pipe still open: the last line
+                self._relay(worker, what, None)
 
     def _check_deadlines(self, deadline: float) -> None:
         now = time.monotonic()

@@ -94,10 +94,10 @@ def run_worker(
         flight.dump(spec.flight_path)
     sys.stdout.flush()
     sys.stderr.flush()
-    # All it had to say is in the pipes: the kernel need not wait for this process's exit
-    # (a forked torch process takes 5-15 ms to tear down on 2 cores, measured).
+    # All it had to say is in the pipes: the kernel need not wait for this process's
+    # teardown (ranks.retire says why).
     try:
-        messages.send(("exiting", code))
+        messages.send(("exiting", None))
     except OSError:  # the kernel stopped listening: it is stopping this rank anyway
         pass
     # No destroy_process_group(): os._exit runs no C++ destructor, so the gloo abort at exit
